@@ -1,0 +1,212 @@
+"""The contract between the operator and the program in each pod.
+
+The operator (package ``ddpjob``) never imports torch and the trainer (package ``ddptrainer``)
+never imports kopf or kubernetes; this module, standard library only, is what joins them.
+It defines, once:
+
+* the environment every DDPJob pod gets (and every local node process under ``ddpjob run``);
+* the trainer's exit codes and which of them a restart cannot fix.
+
+``docs/contract.md`` is the page that documents it; a unit test keeps the two in step.
+
+Meanings chosen (the peers disagree, see docs/contract.md):
+
+* ``WORLD_SIZE`` is the number of training *processes*: ``nnodes * nprocPerNode``, the same
+  number torchrun gives its workers.
+* ``RANK`` on the pod is the global rank of the pod's first process:
+  ``node_rank * nprocPerNode``. With one process per pod this is exactly what a plain
+  ``init_process_group(init_method="env://")`` script needs; under torchrun each worker gets
+  its own ``RANK`` from torchrun, which overrides the pod's.
+* The rendezvous is torchrun's static one: ``PET_NNODES``, ``PET_NODE_RANK``,
+  ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``, so global ranks are deterministic
+  (``node_rank * nprocPerNode + local_rank``) and ``torchrun script.py`` needs no flags.
+* ``PET_MAX_RESTARTS=0``: torchrun never restarts workers in place; the operator restarts the
+  whole gang (a lone in-place restart never rejoins its peers).
+"""
+from __future__ import annotations
+
+import enum
+from typing import Mapping
+
+# ---------------------------------------------------------------------------------------------
+# Labels, names and defaults shared by the operator, `ddpjob render` and `ddpjob run`.
+# ---------------------------------------------------------------------------------------------
+API_GROUP = "ddpjob.dev"
+API_VERSION = "v1alpha1"
+KIND = "DDPJob"
+PLURAL = "ddpjobs"
+
+LABEL_JOB_NAME = f"{API_GROUP}/job-name"
+LABEL_NODE_RANK = f"{API_GROUP}/node-rank"
+LABEL_RESTART_ATTEMPT = f"{API_GROUP}/restart-attempt"
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's default; every pod has its own IP, so no clashes
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"  # the Kubernetes default terminationMessagePath
+# The pod entry point the trainer image provides (console script of package ddptrainer).
+DEFAULT_POD_COMMAND = ("ddptrain-pod",)
+
+# ---------------------------------------------------------------------------------------------
+# Environment variable names
+# ---------------------------------------------------------------------------------------------
+# torchrun reads each --x-y option from PET_X_Y.
+PET_NNODES = "PET_NNODES"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
+# What torch.distributed's env:// init reads (for scripts launched without torchrun).
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+# Plain names for scripts and logs.
+NODE_RANK = "NODE_RANK"
+NNODES = "NNODES"
+NPROC_PER_NODE = "NPROC_PER_NODE"
+# DDPJob's own.
+DDPJOB_NAME = "DDPJOB_NAME"
+DDPJOB_NAMESPACE = "DDPJOB_NAMESPACE"
+DDPJOB_RESTART_ATTEMPT = "DDPJOB_RESTART_ATTEMPT"
+DDPJOB_DEVICE = "DDPJOB_DEVICE"
+DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS = "DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS"
+DDPJOB_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"
+
+# Names a user's `env` may not set: the operator owns them.
+RESERVED_ENV_NAMES = frozenset(
+    {
+        PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT,
+        PET_MAX_RESTARTS, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK,
+        LOCAL_WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE, DDPJOB_NAME, DDPJOB_NAMESPACE,
+        DDPJOB_RESTART_ATTEMPT, DDPJOB_DEVICE,
+    }
+)
+RESERVED_ENV_PREFIX = "PET_"
+
+
+def master_address(job_name: str, service_name: str, namespace: str) -> str:
+    """The DNS name of node 0: ``<pod hostname>.<headless service>.<namespace>.svc``.
+
+    Resolves through the cluster DNS because node 0's pod has ``hostname=<job>-node-0`` and
+    ``subdomain=<service>`` and the headless Service publishes not-ready addresses.
+    """
+    return f"{node_pod_name(job_name, 0)}.{service_name}.{namespace}.svc"
+
+
+def node_pod_name(job_name: str, node_rank: int) -> str:
+    """Deterministic pod name (and hostname) of one node of a job."""
+    return f"{job_name}-node-{node_rank}"
+
+
+def service_name(job_name: str) -> str:
+    """The headless Service of a job has the job's name."""
+    return job_name
+
+
+def node_environment(
+    *,
+    job_name: str,
+    namespace: str,
+    master_addr: str,
+    master_port: int,
+    nnodes: int,
+    nproc_per_node: int,
+    node_rank: int,
+    restart_attempt: int,
+    device: str,
+    rendezvous_timeout_seconds: int,
+) -> dict[str, str]:
+    """The environment of one node (one pod), in a stable order.
+
+    The same function serves the operator's pods and ``ddpjob run``'s local processes, so the
+    two can never disagree.
+    """
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank {node_rank} is outside 0..{nnodes - 1}")
+    env = {
+        PET_NNODES: str(nnodes),
+        PET_NODE_RANK: str(node_rank),
+        PET_NPROC_PER_NODE: str(nproc_per_node),
+        PET_MASTER_ADDR: master_addr,
+        PET_MASTER_PORT: str(master_port),
+        PET_MAX_RESTARTS: "0",
+        MASTER_ADDR: master_addr,
+        MASTER_PORT: str(master_port),
+        WORLD_SIZE: str(nnodes * nproc_per_node),
+        RANK: str(node_rank * nproc_per_node),
+        LOCAL_RANK: "0",
+        LOCAL_WORLD_SIZE: str(nproc_per_node),
+        NODE_RANK: str(node_rank),
+        NNODES: str(nnodes),
+        NPROC_PER_NODE: str(nproc_per_node),
+        DDPJOB_NAME: job_name,
+        DDPJOB_NAMESPACE: namespace,
+        DDPJOB_RESTART_ATTEMPT: str(restart_attempt),
+        DDPJOB_DEVICE: device,
+        DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS: str(rendezvous_timeout_seconds),
+    }
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Exit codes
+# ---------------------------------------------------------------------------------------------
+class ExitCode(enum.IntEnum):
+    """The trainer's exit codes (docs/contract.md has the table)."""
+
+    SUCCESS = 0
+    #: An unexpected error (a Python exception). Retryable: under torchrun a lost peer also
+    #: surfaces as 1, and a restart from the checkpoint is the right answer to both.
+    FAILURE = 1
+    #: A bad flag or value, or a GPU asked for where none is. Permanent: retrying cannot help.
+    BAD_CONFIG = 2
+    #: The data set is not where the configuration says and may not be downloaded. Permanent.
+    DATA_MISSING = 3
+    #: MASTER_ADDR never resolved / its port never opened / the rendezvous timed out. Retryable.
+    RENDEZVOUS_TIMEOUT = 12
+    #: A peer rank died or the collective timed out mid-training. Retryable.
+    PEER_LOST = 13
+    #: SIGTERM (preemption, pod deletion): a checkpoint was saved first. Retryable.
+    PREEMPTED = 143
+
+
+#: Shell conventions: 126 = command not executable, 127 = command not found.
+COMMAND_NOT_EXECUTABLE = 126
+COMMAND_NOT_FOUND = 127
+
+#: Exit codes a restart cannot fix. Every other non-zero exit, a signal, an OOM kill (137),
+#: an eviction or a pod deleted from under the job is retryable.
+DEFAULT_PERMANENT_EXIT_CODES: tuple[int, ...] = (
+    int(ExitCode.BAD_CONFIG),
+    int(ExitCode.DATA_MISSING),
+    COMMAND_NOT_EXECUTABLE,
+    COMMAND_NOT_FOUND,
+)
+
+EXIT_CODE_MEANINGS: Mapping[int, str] = {
+    0: "success",
+    1: "unexpected error (retryable)",
+    2: "bad configuration (permanent)",
+    3: "data missing (permanent)",
+    12: "rendezvous timeout: master unreachable (retryable)",
+    13: "peer lost (retryable)",
+    126: "command not executable (permanent)",
+    127: "command not found (permanent)",
+    137: "killed (SIGKILL, often the OOM killer) (retryable)",
+    143: "preempted: SIGTERM, checkpoint saved (retryable)",
+}
+
+
+def is_permanent_exit(code: int, permanent_codes: tuple[int, ...] | frozenset[int]) -> bool:
+    """Whether a container's exit code means a restart cannot help."""
+    return code != 0 and code in permanent_codes
+
+
+def describe_exit_code(code: int) -> str:
+    if code in EXIT_CODE_MEANINGS:
+        return EXIT_CODE_MEANINGS[code]
+    if code > 128:
+        return f"killed by signal {code - 128} (retryable)"
+    return "non-zero exit"

@@ -1,0 +1,273 @@
+"""The DDPJob API: the one source of truth.
+
+These frozen dataclasses *are* the API. ``ddpjob.schema`` reads their annotations and field
+metadata to generate the CRD's structural OpenAPI schema (manifests/crd.yaml is generated,
+never edited), and to parse + validate a manifest into these objects for ``ddpjob validate``
+and the operator. Cross-field rules are declared once, below, as a CEL expression (for the API
+server) next to the equivalent Python predicate (for ``ddpjob validate``); a test feeds the
+same bad manifests to both.
+
+Field names are the manifest's camelCase names, so a spec path in an error message is the
+attribute path here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from ddpjob import contract
+
+# Longest job name such that every child name is a DNS label (<= 63 characters):
+# pod/hostname "<job>-node-<rank>" with ranks up to 4 digits -> 63 - len("-node-") - 4 = 53.
+# The Service is named after the job; a DNS-1035 label (it must start with a letter).
+MAX_JOB_NAME_LENGTH = 53
+MAX_NNODES = 9999
+MAX_NPROC_PER_NODE = 64
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def spec_field(description: str, *, default: Any = ..., default_factory: Any = None, **schema: Any):
+    """A dataclass field with its schema facts in ``metadata``.
+
+    ``schema`` keys (all optional): minimum, maximum, enum, pattern, min_length, max_length,
+    min_items, max_items, unique_items, openapi (a raw OpenAPI fragment for Kubernetes types
+    that are copied through verbatim, e.g. a Toleration), required (bool: no default).
+    """
+    metadata = {"description": description, **schema}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=metadata)
+    if default is ...:
+        metadata["required"] = True
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: CEL for the API server, a Python predicate for `ddpjob validate`.
+
+    ``cel`` is evaluated with ``self`` bound to the object the rule is declared on; ``check``
+    gets the same object as a plain dict (after defaults) and returns True when valid.
+    ``field_path`` is relative to that object, in the API server's JSONPath-like form.
+    """
+
+    cel: str
+    message: str
+    check: Callable[[Mapping[str, Any]], bool]
+    field_path: Optional[str] = None
+
+
+# Raw Kubernetes fragments copied into the pod unchanged. They keep unknown fields inside
+# (the API server validates them when the operator creates the pod), but the DDPJob schema
+# stays structural.
+_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_QUANTITY = {"x-kubernetes-int-or-string": True, "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$", "anyOf": [{"type": "integer"}, {"type": "string"}]}
+ENV_VAR_SCHEMA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "pattern": r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"},
+        "value": {"type": "string"},
+        "valueFrom": _OBJECT,
+    },
+}
+RESOURCES_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "requests": {"type": "object", "additionalProperties": _QUANTITY},
+        "limits": {"type": "object", "additionalProperties": _QUANTITY},
+    },
+}
+VOLUME_MOUNT_SCHEMA = {
+    "type": "object",
+    "required": ["name", "mountPath"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "mountPath": {"type": "string", "minLength": 1},
+        "subPath": {"type": "string"},
+        "readOnly": {"type": "boolean"},
+    },
+}
+VOLUME_SCHEMA = {"type": "object", "required": ["name"], "x-kubernetes-preserve-unknown-fields": True,
+                 "properties": {"name": {"type": "string", "minLength": 1}}}
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    maxRestarts: int = spec_field(
+        "Gang restarts allowed after retryable failures before the job is Failed.",
+        default=3, minimum=0, maximum=1000)
+    permanentExitCodes: tuple[int, ...] = spec_field(
+        "Container exit codes that fail the job at once (a restart cannot fix them). Every other "
+        "non-zero exit, a signal, an eviction or a deleted pod is retryable. Default: the "
+        "trainer's bad-configuration (2) and data-missing (3) codes, and 126/127.",
+        default=contract.DEFAULT_PERMANENT_EXIT_CODES, minimum=1, maximum=255, max_items=64,
+        unique_items=True)
+
+
+@dataclass(frozen=True)
+class PodMetadata:
+    labels: Mapping[str, str] = spec_field("Labels added to every pod.", default_factory=dict)
+    annotations: Mapping[str, str] = spec_field("Annotations added to every pod.", default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodTemplateSpec:
+    nodeSelector: Mapping[str, str] = spec_field("Pod nodeSelector.", default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = spec_field(
+        "Pod tolerations (core/v1 Toleration).", default=(), openapi=_OBJECT)
+    affinity: Optional[Mapping[str, Any]] = spec_field(
+        "Pod affinity (core/v1 Affinity).", default=None, openapi=_OBJECT)
+    volumes: tuple[Mapping[str, Any], ...] = spec_field(
+        "Extra pod volumes (core/v1 Volume), mounted with spec.volumeMounts.", default=(),
+        openapi=VOLUME_SCHEMA)
+    serviceAccountName: Optional[str] = spec_field("Pod service account.", default=None, max_length=253)
+    priorityClassName: Optional[str] = spec_field("Pod priority class.", default=None, max_length=253)
+    schedulerName: Optional[str] = spec_field(
+        "Scheduler for the pods (e.g. a gang scheduler).", default=None, max_length=253)
+    runtimeClassName: Optional[str] = spec_field("Pod runtime class.", default=None, max_length=253)
+    imagePullSecrets: tuple[Mapping[str, Any], ...] = spec_field(
+        "Image pull secrets (core/v1 LocalObjectReference).", default=(), openapi=_OBJECT)
+    securityContext: Optional[Mapping[str, Any]] = spec_field(
+        "Pod securityContext; replaces the default, which satisfies the 'restricted' Pod "
+        "Security profile (non-root, no privilege escalation, all capabilities dropped, "
+        "RuntimeDefault seccomp).", default=None, openapi=_OBJECT)
+    terminationGracePeriodSeconds: int = spec_field(
+        "Seconds a pod has after SIGTERM to write its checkpoint before SIGKILL.",
+        default=30, minimum=0, maximum=3600)
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    metadata: PodMetadata = spec_field("Pod labels and annotations.", default_factory=PodMetadata)
+    spec: PodTemplateSpec = spec_field("Pod-level settings.", default_factory=PodTemplateSpec)
+
+
+@dataclass(frozen=True)
+class DDPJobSpec:
+    nnodes: int = spec_field("Number of nodes: one pod each.", minimum=1, maximum=MAX_NNODES)
+    image: str = spec_field("Container image of every pod.", min_length=1, max_length=512)
+    nprocPerNode: int = spec_field(
+        "Training processes per pod (per node); with device gpu, GPUs per pod.",
+        default=1, minimum=1, maximum=MAX_NPROC_PER_NODE)
+    device: str = spec_field("cpu (gloo) or gpu (NCCL, nvidia.com/gpu = nprocPerNode).",
+                             default="cpu", enum=("cpu", "gpu"))
+    imagePullPolicy: str = spec_field("Container imagePullPolicy.", default="IfNotPresent",
+                                      enum=("Always", "IfNotPresent", "Never"))
+    command: Optional[tuple[str, ...]] = spec_field(
+        "Container command. Default: the trainer image's pod entry point "
+        f"({' '.join(contract.DEFAULT_POD_COMMAND)}), which waits for the master and runs torchrun.",
+        default=None, min_items=1)
+    args: tuple[str, ...] = spec_field(
+        "Container args; with the default command, the trainer's options (ddptrain --help).",
+        default=())
+    env: tuple[Mapping[str, Any], ...] = spec_field(
+        "Extra environment variables (core/v1 EnvVar). Names the operator sets (MASTER_ADDR, "
+        "RANK, PET_*, ...) are refused.", default=(), openapi=ENV_VAR_SCHEMA, max_items=256)
+    resources: Mapping[str, Any] = spec_field(
+        "Container resources (requests/limits). For device gpu, nvidia.com/gpu defaults to "
+        "nprocPerNode and, if given, must equal it.", default_factory=dict, openapi=RESOURCES_SCHEMA)
+    volumeMounts: tuple[Mapping[str, Any], ...] = spec_field(
+        "Container volume mounts of template.spec.volumes.", default=(), openapi=VOLUME_MOUNT_SCHEMA)
+    shmSize: str = spec_field(
+        "Size of the memory-backed /dev/shm every pod gets (DataLoader workers need more than "
+        "the 64Mi default).", default="2Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$")
+    template: PodTemplate = spec_field("Pod template for everything else.", default_factory=PodTemplate)
+    masterPort: int = spec_field("Rendezvous port on node 0.", default=contract.DEFAULT_MASTER_PORT,
+                                 minimum=1024, maximum=65535)
+    failurePolicy: FailurePolicy = spec_field("Restart budget and exit-code classification.",
+                                              default_factory=FailurePolicy)
+    startupTimeoutSeconds: int = spec_field(
+        "Seconds for every pod to be Running (all scheduled, images pulled) before the job "
+        "releases its pods and fails with reason StartupTimeout.", default=600, minimum=1,
+        maximum=86400 * 7)
+    activeDeadlineSeconds: Optional[int] = spec_field(
+        "Seconds from the job's start after which it is stopped and Failed (DeadlineExceeded).",
+        default=None, minimum=1)
+    ttlSecondsAfterFinished: Optional[int] = spec_field(
+        "Seconds after Succeeded or Failed after which the DDPJob (and its children) is deleted.",
+        default=None, minimum=0)
+    suspend: bool = spec_field("True deletes the pods and keeps the job Suspended until False.",
+                               default=False)
+    cleanPodPolicy: str = spec_field(
+        "Pods to delete when the job ends: Running (default: free what still runs, keep finished "
+        "pods for their logs), All, or None.", default="Running", enum=("Running", "All", "None"))
+
+    __rules__ = (
+        Rule(
+            cel="self.device == 'gpu' || !has(self.resources.limits) || !('nvidia.com/gpu' in self.resources.limits)",
+            message="resources.limits['nvidia.com/gpu'] is only allowed with device: gpu",
+            check=lambda s: s["device"] == "gpu" or GPU_RESOURCE not in (s["resources"].get("limits") or {}),
+            field_path=".resources.limits",
+        ),
+        Rule(
+            cel="self.device == 'gpu' || !has(self.resources.requests) || !('nvidia.com/gpu' in self.resources.requests)",
+            message="resources.requests['nvidia.com/gpu'] is only allowed with device: gpu",
+            check=lambda s: s["device"] == "gpu" or GPU_RESOURCE not in (s["resources"].get("requests") or {}),
+            field_path=".resources.requests",
+        ),
+        Rule(
+            cel="self.device != 'gpu' || !has(self.resources.limits) || !('nvidia.com/gpu' in self.resources.limits) || string(self.resources.limits['nvidia.com/gpu']) == string(self.nprocPerNode)",
+            message="resources.limits['nvidia.com/gpu'] must equal nprocPerNode (one GPU per process)",
+            check=lambda s: s["device"] != "gpu"
+            or GPU_RESOURCE not in (s["resources"].get("limits") or {})
+            or str(s["resources"]["limits"][GPU_RESOURCE]) == str(s["nprocPerNode"]),
+            field_path=".resources.limits",
+        ),
+        Rule(
+            cel="self.env.all(e, !e.name.startsWith('PET_') && !(e.name in " + repr(sorted(contract.RESERVED_ENV_NAMES)).replace("'", '"') + "))",
+            message="env may not set the names the operator sets: PET_*, MASTER_ADDR, MASTER_PORT, "
+            "WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE, DDPJOB_*",
+            check=lambda s: all(
+                not e["name"].startswith(contract.RESERVED_ENV_PREFIX)
+                and e["name"] not in contract.RESERVED_ENV_NAMES
+                for e in s["env"]
+            ),
+            field_path=".env",
+        ),
+        Rule(
+            cel="self.volumeMounts.all(m, self.template.spec.volumes.exists(v, v.name == m.name))",
+            message="every volumeMounts[].name must name a volume in template.spec.volumes",
+            check=lambda s: all(
+                any(v.get("name") == m["name"] for v in s["template"]["spec"]["volumes"])
+                for m in s["volumeMounts"]
+            ),
+            field_path=".volumeMounts",
+        ),
+        Rule(
+            cel="self.volumeMounts.all(m, m.mountPath != '/dev/shm')",
+            message="/dev/shm is mounted by the operator; set shmSize instead",
+            check=lambda s: all(m["mountPath"] != "/dev/shm" for m in s["volumeMounts"]),
+            field_path=".volumeMounts",
+        ),
+    )
+
+
+# Rules on the whole object (self = the DDPJob): names must leave room for child names.
+OBJECT_RULES = (
+    Rule(
+        cel=f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
+        message=f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters so that pod names "
+        "(<name>-node-<rank>) are valid DNS labels",
+        check=lambda o: len(o["metadata"]["name"]) <= MAX_JOB_NAME_LENGTH,
+        field_path=".metadata.name",
+    ),
+    Rule(
+        cel="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        message="metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', "
+        "starting with a letter): it names the headless Service",
+        check=lambda o: __import__("re").fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", o["metadata"]["name"]) is not None,
+        field_path=".metadata.name",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class DDPJob:
+    """A parsed, validated DDPJob: what the operator, `ddpjob render` and `ddpjob run` consume."""
+
+    name: str
+    namespace: str
+    uid: Optional[str]
+    spec: DDPJobSpec
+    labels: Mapping[str, str] = field(default_factory=dict)
