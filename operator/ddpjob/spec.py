@@ -12,6 +12,7 @@ attribute path here.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -32,6 +33,8 @@ def spec_field(description: str, *, default: Any = ..., default_factory: Any = N
     ``schema`` keys (all optional): minimum, maximum, enum, pattern, min_length, max_length,
     min_items, max_items, unique_items, openapi (a raw OpenAPI fragment for Kubernetes types
     that are copied through verbatim, e.g. a Toleration), required (bool: no default).
+    On a list field, minimum/maximum/enum/pattern/min_length/max_length and ``openapi``
+    describe each item; min_items/max_items/unique_items describe the list.
     """
     metadata = {"description": description, **schema}
     if default_factory is not None:
@@ -66,7 +69,7 @@ ENV_VAR_SCHEMA = {
     "type": "object",
     "required": ["name"],
     "properties": {
-        "name": {"type": "string", "minLength": 1, "pattern": r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"},
+        "name": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"},
         "value": {"type": "string"},
         "valueFrom": _OBJECT,
     },
@@ -74,22 +77,29 @@ ENV_VAR_SCHEMA = {
 RESOURCES_SCHEMA = {
     "type": "object",
     "properties": {
-        "requests": {"type": "object", "additionalProperties": _QUANTITY},
-        "limits": {"type": "object", "additionalProperties": _QUANTITY},
+        "requests": {"description": "Resources the scheduler reserves, e.g. cpu: 4, memory: 16Gi.",
+                     "type": "object", "additionalProperties": _QUANTITY},
+        "limits": {"description": "Most the container may use, e.g. memory: 16Gi, nvidia.com/gpu: 8.",
+                   "type": "object", "additionalProperties": _QUANTITY},
     },
 }
 VOLUME_MOUNT_SCHEMA = {
     "type": "object",
     "required": ["name", "mountPath"],
     "properties": {
-        "name": {"type": "string", "minLength": 1},
-        "mountPath": {"type": "string", "minLength": 1},
+        "name": {"type": "string", "minLength": 1, "maxLength": 63},
+        "mountPath": {"type": "string", "minLength": 1, "maxLength": 4096},
         "subPath": {"type": "string"},
         "readOnly": {"type": "boolean"},
     },
 }
 VOLUME_SCHEMA = {"type": "object", "required": ["name"], "x-kubernetes-preserve-unknown-fields": True,
-                 "properties": {"name": {"type": "string", "minLength": 1}}}
+                 "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 63}}}
+# The API server refuses a CEL rule whose *estimated* cost is too high, and estimates an
+# unbounded list as millions of items; the volumeMounts x volumes rule needs these bounds.
+MAX_VOLUMES = 64
+# The operator's memory-backed /dev/shm volume in every pod (ddpjob.builders uses this name).
+SHM_VOLUME_NAME = "dshm"
 
 
 @dataclass(frozen=True)
@@ -107,8 +117,20 @@ class FailurePolicy:
 
 @dataclass(frozen=True)
 class PodMetadata:
-    labels: Mapping[str, str] = spec_field("Labels added to every pod.", default_factory=dict)
+    labels: Mapping[str, str] = spec_field(
+        f"Labels added to every pod (keys under {contract.API_GROUP}/ are the operator's).",
+        default_factory=dict)
     annotations: Mapping[str, str] = spec_field("Annotations added to every pod.", default_factory=dict)
+
+    # The operator's labels select the pods (Service selector, restart bookkeeping).
+    __rules__ = (
+        Rule(
+            cel=f"self.labels.all(k, !k.startsWith('{contract.API_GROUP}/'))",
+            message=f"labels under {contract.API_GROUP}/ are set by the operator",
+            check=lambda m: not any(k.startswith(f"{contract.API_GROUP}/") for k in m["labels"]),
+            field_path=".labels",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -120,7 +142,7 @@ class PodTemplateSpec:
         "Pod affinity (core/v1 Affinity).", default=None, openapi=_OBJECT)
     volumes: tuple[Mapping[str, Any], ...] = spec_field(
         "Extra pod volumes (core/v1 Volume), mounted with spec.volumeMounts.", default=(),
-        openapi=VOLUME_SCHEMA)
+        openapi=VOLUME_SCHEMA, max_items=MAX_VOLUMES)
     serviceAccountName: Optional[str] = spec_field("Pod service account.", default=None, max_length=253)
     priorityClassName: Optional[str] = spec_field("Pod priority class.", default=None, max_length=253)
     schedulerName: Optional[str] = spec_field(
@@ -136,11 +158,32 @@ class PodTemplateSpec:
         "Seconds a pod has after SIGTERM to write its checkpoint before SIGKILL.",
         default=30, minimum=0, maximum=3600)
 
+    # Caught here rather than as a pod the API server refuses after the job was accepted.
+    __rules__ = (
+        Rule(
+            cel="self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+            message="volume names must be unique",
+            check=lambda t: len({v["name"] for v in t["volumes"]}) == len(t["volumes"]),
+            field_path=".volumes",
+        ),
+        Rule(
+            cel=f"self.volumes.all(v, v.name != '{SHM_VOLUME_NAME}')",
+            message=f"volume name {SHM_VOLUME_NAME} is the operator's (/dev/shm); choose another",
+            check=lambda t: all(v["name"] != SHM_VOLUME_NAME for v in t["volumes"]),
+            field_path=".volumes",
+        ),
+    )
+
 
 @dataclass(frozen=True)
 class PodTemplate:
     metadata: PodMetadata = spec_field("Pod labels and annotations.", default_factory=PodMetadata)
     spec: PodTemplateSpec = spec_field("Pod-level settings.", default_factory=PodTemplateSpec)
+
+
+# Reserved env names not already covered by the reserved prefix (the rule checks both).
+_RESERVED_UNPREFIXED = tuple(sorted(
+    n for n in contract.RESERVED_ENV_NAMES if not n.startswith(contract.RESERVED_ENV_PREFIX)))
 
 
 @dataclass(frozen=True)
@@ -168,10 +211,11 @@ class DDPJobSpec:
         "Container resources (requests/limits). For device gpu, nvidia.com/gpu defaults to "
         "nprocPerNode and, if given, must equal it.", default_factory=dict, openapi=RESOURCES_SCHEMA)
     volumeMounts: tuple[Mapping[str, Any], ...] = spec_field(
-        "Container volume mounts of template.spec.volumes.", default=(), openapi=VOLUME_MOUNT_SCHEMA)
+        "Container volume mounts of template.spec.volumes.", default=(), openapi=VOLUME_MOUNT_SCHEMA,
+        max_items=MAX_VOLUMES)
     shmSize: str = spec_field(
         "Size of the memory-backed /dev/shm every pod gets (DataLoader workers need more than "
-        "the 64Mi default).", default="2Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$")
+        "the 64Mi default).", default="2Gi", pattern=r"^[1-9][0-9]*(Ki|Mi|Gi|Ti)?$")
     template: PodTemplate = spec_field("Pod template for everything else.", default_factory=PodTemplate)
     masterPort: int = spec_field("Rendezvous port on node 0.", default=contract.DEFAULT_MASTER_PORT,
                                  minimum=1024, maximum=65535)
@@ -206,18 +250,24 @@ class DDPJobSpec:
             check=lambda s: s["device"] == "gpu" or GPU_RESOURCE not in (s["resources"].get("requests") or {}),
             field_path=".resources.requests",
         ),
+        # Quantities are int-or-string: compare as strings so 8 and "8" both match nprocPerNode.
         Rule(
             cel="self.device != 'gpu' || !has(self.resources.limits) || !('nvidia.com/gpu' in self.resources.limits) || string(self.resources.limits['nvidia.com/gpu']) == string(self.nprocPerNode)",
             message="resources.limits['nvidia.com/gpu'] must equal nprocPerNode (one GPU per process)",
-            check=lambda s: s["device"] != "gpu"
-            or GPU_RESOURCE not in (s["resources"].get("limits") or {})
-            or str(s["resources"]["limits"][GPU_RESOURCE]) == str(s["nprocPerNode"]),
+            check=lambda s: _gpu_count_matches(s, "limits"),
             field_path=".resources.limits",
         ),
         Rule(
-            cel="self.env.all(e, !e.name.startsWith('PET_') && !(e.name in " + repr(sorted(contract.RESERVED_ENV_NAMES)).replace("'", '"') + "))",
-            message="env may not set the names the operator sets: PET_*, MASTER_ADDR, MASTER_PORT, "
-            "WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE, DDPJOB_*",
+            cel="self.device != 'gpu' || !has(self.resources.requests) || !('nvidia.com/gpu' in self.resources.requests) || string(self.resources.requests['nvidia.com/gpu']) == string(self.nprocPerNode)",
+            message="resources.requests['nvidia.com/gpu'] must equal nprocPerNode (one GPU per process)",
+            check=lambda s: _gpu_count_matches(s, "requests"),
+            field_path=".resources.requests",
+        ),
+        Rule(
+            cel="self.env.all(e, !e.name.startsWith('" + contract.RESERVED_ENV_PREFIX + "') && !(e.name in "
+            + "[" + ", ".join(f"'{n}'" for n in _RESERVED_UNPREFIXED) + "]))",
+            message="env may not set the names the operator sets: " + contract.RESERVED_ENV_PREFIX + "*, "
+            + ", ".join(_RESERVED_UNPREFIXED),
             check=lambda s: all(
                 not e["name"].startswith(contract.RESERVED_ENV_PREFIX)
                 and e["name"] not in contract.RESERVED_ENV_NAMES
@@ -235,15 +285,23 @@ class DDPJobSpec:
             field_path=".volumeMounts",
         ),
         Rule(
-            cel="self.volumeMounts.all(m, m.mountPath != '/dev/shm')",
+            cel="self.volumeMounts.all(m, m.mountPath != '/dev/shm' && m.mountPath != '/dev/shm/')",
             message="/dev/shm is mounted by the operator; set shmSize instead",
-            check=lambda s: all(m["mountPath"] != "/dev/shm" for m in s["volumeMounts"]),
+            check=lambda s: all(m["mountPath"].rstrip("/") != "/dev/shm" for m in s["volumeMounts"]),
             field_path=".volumeMounts",
         ),
     )
 
 
+def _gpu_count_matches(spec: Mapping[str, Any], kind: str) -> bool:
+    """With device gpu, a given nvidia.com/gpu request or limit equals nprocPerNode."""
+    quantities = spec["resources"].get(kind) or {}
+    return (spec["device"] != "gpu" or GPU_RESOURCE not in quantities
+            or str(quantities[GPU_RESOURCE]) == str(spec["nprocPerNode"]))
+
+
 # Rules on the whole object (self = the DDPJob): names must leave room for child names.
+DNS_1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 OBJECT_RULES = (
     Rule(
         cel=f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
@@ -253,10 +311,10 @@ OBJECT_RULES = (
         field_path=".metadata.name",
     ),
     Rule(
-        cel="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        cel=f"self.metadata.name.matches('{DNS_1035_LABEL}')",
         message="metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', "
         "starting with a letter): it names the headless Service",
-        check=lambda o: __import__("re").fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", o["metadata"]["name"]) is not None,
+        check=lambda o: re.fullmatch(DNS_1035_LABEL, o["metadata"]["name"]) is not None,
         field_path=".metadata.name",
     ),
 )

@@ -1,0 +1,181 @@
+"""The children of a DDPJob, as plain dicts: its headless Service and one Pod per node.
+
+Pure functions of a parsed ``spec.DDPJob``. The operator creates exactly what these return and
+``ddpjob render`` prints exactly what these return, so the two cannot drift.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+from ddpjob import contract, spec
+
+CONTAINER_NAME = "trainer"
+SHM_VOLUME = "dshm"
+RENDEZVOUS_PORT_NAME = "rendezvous"
+
+# The "restricted" Pod Security profile, split as the API wants it. Replaced as a whole when the
+# template supplies its own securityContext (the user then owns the trade-off).
+DEFAULT_POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+DEFAULT_CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+}
+
+
+def owner_reference(job: spec.DDPJob) -> dict[str, Any]:
+    """Children are garbage-collected with the DDPJob: no finalizer needed, none that can block
+    deletion while the operator is down."""
+    return {
+        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+        "kind": contract.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: spec.DDPJob, name: str, labels: dict[str, str],
+              annotations: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": job.namespace, "labels": labels}
+    if annotations:
+        meta["annotations"] = annotations
+    # A manifest rendered from a file has no uid yet; an owner reference needs one.
+    if job.uid:
+        meta["ownerReferences"] = [owner_reference(job)]
+    return meta
+
+
+def build_service(job: spec.DDPJob) -> dict[str, Any]:
+    """Headless, publishing not-ready addresses: ``<pod>.<service>.<ns>.svc`` resolves as soon as
+    a pod has an IP, before any readiness (JobSet's default; the fix for workers failing with
+    "host not found" before the master has a record, kubeflow/pytorch-operator#125, #333)."""
+    name = contract.service_name(job.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, name, {contract.LABEL_JOB_NAME: job.name}),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {contract.LABEL_JOB_NAME: job.name},
+            "ports": [{
+                "name": RENDEZVOUS_PORT_NAME,
+                "port": job.spec.masterPort,
+                "targetPort": job.spec.masterPort,
+                "protocol": "TCP",
+            }],
+        },
+    }
+
+
+def pod_labels(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, str]:
+    """Template labels, then ours (ours win: the operator finds its pods by them)."""
+    labels = dict(job.spec.template.metadata.labels)
+    labels.update({
+        contract.LABEL_JOB_NAME: job.name,
+        contract.LABEL_NODE_RANK: str(node_rank),
+        contract.LABEL_RESTART_ATTEMPT: str(attempt),
+    })
+    return labels
+
+
+def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int) -> list[dict[str, Any]]:
+    """The contract's variables first, then the user's (which may not redefine them: the schema
+    refuses reserved names, so order only matters for ``$(VAR)`` references to ours)."""
+    s = job.spec
+    service = contract.service_name(job.name)
+    env = contract.node_environment(
+        job_name=job.name,
+        namespace=job.namespace,
+        master_addr=contract.master_address(job.name, service, job.namespace),
+        master_port=s.masterPort,
+        nnodes=s.nnodes,
+        nproc_per_node=s.nprocPerNode,
+        node_rank=node_rank,
+        restart_attempt=attempt,
+        device=s.device,
+        # The pod entry point waits this long for the master; pods that are not all up by then
+        # fail the job with StartupTimeout anyway.
+        rendezvous_timeout_seconds=s.startupTimeoutSeconds,
+    )
+    return [{"name": k, "value": v} for k, v in env.items()] + [copy.deepcopy(dict(e)) for e in s.env]
+
+
+def container_resources(job: spec.DDPJob) -> dict[str, Any]:
+    """The user's resources; a GPU job gets ``nvidia.com/gpu`` = processes per node."""
+    resources = copy.deepcopy({k: dict(v) for k, v in job.spec.resources.items()})
+    if job.spec.device == "gpu":
+        limits = resources.setdefault("limits", {})
+        limits.setdefault(spec.GPU_RESOURCE, job.spec.nprocPerNode)
+    return resources
+
+
+def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
+    s = job.spec
+    tmpl = s.template.spec
+    name = contract.node_pod_name(job.name, node_rank)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": s.image,
+        "imagePullPolicy": s.imagePullPolicy,
+        "command": list(s.command) if s.command else list(contract.DEFAULT_POD_COMMAND),
+        "args": list(s.args),
+        "env": pod_environment(job, node_rank, attempt),
+        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": s.masterPort, "protocol": "TCP"}],
+        "resources": container_resources(job),
+        # DataLoader workers need more than the 64 MiB default /dev/shm (peers' pain point 10).
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+        + [copy.deepcopy(dict(m)) for m in s.volumeMounts],
+        # The trainer writes a one-line summary to /dev/termination-log; a crash before that
+        # still leaves the log tail, which the operator copies into status.failedNode.message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if tmpl.securityContext is None:
+        container["securityContext"] = copy.deepcopy(DEFAULT_CONTAINER_SECURITY_CONTEXT)
+
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": contract.service_name(job.name),
+        # The operator restarts the whole gang; an in-place restart never rejoins its peers
+        # (kubeflow/pytorch-operator#364, kubeflow/trainer#2000).
+        "restartPolicy": "Never",
+        # Service links add <SVC>_SERVICE_HOST, <SVC>_PORT=tcp://... for every Service in the
+        # namespace: hundreds of variables in a busy one, and look-alikes of ours (a Service
+        # named "master" yields MASTER_SERVICE_HOST). Nothing here needs them.
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": tmpl.terminationGracePeriodSeconds,
+        "securityContext": copy.deepcopy(dict(tmpl.securityContext))
+        if tmpl.securityContext is not None else copy.deepcopy(DEFAULT_POD_SECURITY_CONTEXT),
+        "containers": [container],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": s.shmSize}}]
+        + [copy.deepcopy(dict(v)) for v in tmpl.volumes],
+    }
+    optional = {
+        "nodeSelector": dict(tmpl.nodeSelector) or None,
+        "tolerations": [copy.deepcopy(dict(t)) for t in tmpl.tolerations] or None,
+        "affinity": copy.deepcopy(dict(tmpl.affinity)) if tmpl.affinity else None,
+        "serviceAccountName": tmpl.serviceAccountName,
+        "priorityClassName": tmpl.priorityClassName,
+        "schedulerName": tmpl.schedulerName,
+        "runtimeClassName": tmpl.runtimeClassName,
+        "imagePullSecrets": [copy.deepcopy(dict(i)) for i in tmpl.imagePullSecrets] or None,
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v is not None})
+    # activeDeadlineSeconds is deliberately not set on pods: the operator enforces it for the
+    # whole job (a per-pod deadline would count from each restart and fail pods one by one).
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, name, pod_labels(job, node_rank, attempt),
+                              dict(job.spec.template.metadata.annotations)),
+        "spec": pod_spec,
+    }
+
+
+def build_pods(job: spec.DDPJob, attempt: int, ranks: Optional[list[int]] = None) -> list[dict[str, Any]]:
+    """The pods of one attempt (every node, or only ``ranks``), in rank order."""
+    ranks = list(range(job.spec.nnodes)) if ranks is None else sorted(ranks)
+    return [build_pod(job, r, attempt) for r in ranks]

@@ -1,0 +1,151 @@
+"""What each node of a local run executes: its environment, its command, the port, the GPUs.
+
+Pure functions of a DDPJob and this machine's facts (unit-tested); `ddpjob run` (``localrun``)
+calls them for every node and attempt. The environment is the operator's pod contract
+(``contract.node_environment``) with MASTER_ADDR on loopback, plus the spec's env and a few
+local stand-ins for what the kubelet would provide.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from ddpjob import contract, spec as api
+from ddpjob.local_volumes import LocalMount, rewrite_mount_paths
+
+LOCAL_MASTER_ADDR = "127.0.0.1"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+
+class LocalRunError(Exception):
+    """The job cannot run on this machine as written; the message says why and what to change."""
+
+
+def reserve_free_port() -> socket.socket:
+    """A socket bound to port 0 on every IPv4 address: the kernel picks a port nobody holds.
+
+    The caller keeps it open until just before the nodes start, so nothing else can take the
+    port meanwhile, then closes it for node 0's rendezvous store to bind. Another program could
+    still grab the port in the instant between the two (docs/local-run.md); probing for a
+    "free" port instead would leave that window wide open.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", 0))
+    return sock
+
+
+def visible_gpu_ids(environ: Mapping[str, str], dev_dir: str = "/dev") -> list[str]:
+    """The CUDA GPUs of this machine, without importing torch.
+
+    A GPU needs an NVIDIA device file (/dev/nvidia0, /dev/nvidia1, ...); CUDA_VISIBLE_DEVICES,
+    when set, narrows them as it would for any CUDA program.
+    """
+    try:
+        count = sum(1 for name in os.listdir(dev_dir) if re.fullmatch(r"nvidia\d+", name))
+    except OSError:
+        count = 0
+    if count == 0:
+        return []
+    if CUDA_VISIBLE_DEVICES in environ:
+        return [d.strip() for d in environ[CUDA_VISIBLE_DEVICES].split(",") if d.strip()]
+    return [str(i) for i in range(count)]
+
+
+def check_gpus(spec: api.DDPJobSpec, gpu_ids: list[str]) -> Optional[list[str]]:
+    """For device gpu, the GPUs the nodes will share out (one per process, as the pods get)."""
+    if spec.device != "gpu":
+        return None
+    needed = spec.nnodes * spec.nprocPerNode
+    if not gpu_ids:
+        raise LocalRunError("device: gpu, but this machine has no CUDA GPU (no /dev/nvidia* device); "
+                            "set device: cpu to run the job here with gloo")
+    if len(gpu_ids) < needed:
+        raise LocalRunError(
+            f"device: gpu needs nnodes x nprocPerNode = {needed} GPUs (one per process, as the pods "
+            f"would get), this machine has {len(gpu_ids)}; lower nnodes or nprocPerNode, or set device: cpu")
+    return gpu_ids
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
+def expand_references(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion in command, args and env values.
+
+    ``$(VAR)`` becomes VAR's value when the container defines it, and stays as written when it
+    does not; ``$$`` is an escaped ``$``.
+    """
+    def replace(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _REFERENCE.sub(replace, text)
+
+
+@dataclass(frozen=True)
+class LocalSetup:
+    """What stays the same for every node and every attempt of one local run."""
+
+    scratch_dir: str
+    mounts: tuple[LocalMount, ...] = ()
+    gpu_ids: Optional[tuple[str, ...]] = None  # None: device cpu
+
+
+def job_environment(job: api.DDPJob, *, node_rank: int, master_port: int, restart_attempt: int,
+                    setup: LocalSetup, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a node's pod would get (the contract and spec.env), plus local stand-ins.
+
+    Stand-ins, which a spec.env entry may override: the termination log (the kubelet's
+    /dev/termination-log is not writable here), PYTHONUNBUFFERED=1 (so output arrives line by
+    line) and CUDA_VISIBLE_DEVICES (the node's share of the GPUs; none for device cpu, as a CPU
+    pod has none). A valueFrom entry is read from ``environ`` (load-time checked).
+    """
+    spec = job.spec
+    contract_env = contract.node_environment(
+        job_name=job.name, namespace=job.namespace, master_addr=LOCAL_MASTER_ADDR,
+        master_port=master_port, nnodes=spec.nnodes, nproc_per_node=spec.nprocPerNode,
+        node_rank=node_rank, restart_attempt=restart_attempt, device=spec.device,
+        rendezvous_timeout_seconds=spec.startupTimeoutSeconds)
+    gpus = setup.gpu_ids or ()
+    stand_ins = {
+        contract.DDPJOB_TERMINATION_LOG: termination_log_path(setup, node_rank),
+        "PYTHONUNBUFFERED": "1",
+        CUDA_VISIBLE_DEVICES: ",".join(gpus[node_rank * spec.nprocPerNode:(node_rank + 1) * spec.nprocPerNode]),
+    }
+    env = dict(contract_env)  # also what $(VAR) may refer to, growing in list order as in a pod
+    for entry in spec.env:
+        name = entry["name"]
+        if name in contract_env:
+            continue  # the contract wins (validation refuses such entries anyway)
+        if "valueFrom" in entry and "value" not in entry:
+            env[name] = environ[name]
+        else:
+            env[name] = rewrite_mount_paths(expand_references(str(entry.get("value", "")), env), setup.mounts)
+    for name, value in stand_ins.items():
+        env.setdefault(name, value)
+    return env
+
+
+def process_environment(job_env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """A node process's full environment: this shell's, minus the names the job owns, plus the job's.
+
+    Inherited PET_* or RANK-like variables (a shell inside another torchrun job, say) would
+    otherwise steer torchrun in the nodes; the pod would not have them either.
+    """
+    inherited = {k: v for k, v in environ.items()
+                 if not k.startswith(contract.RESERVED_ENV_PREFIX) and k not in contract.RESERVED_ENV_NAMES}
+    return {**inherited, **job_env}
+
+
+def node_command(spec: api.DDPJobSpec, env: Mapping[str, str], mounts: tuple[LocalMount, ...] = ()) -> list[str]:
+    """command + args as the container would run them (default: the trainer's pod entry point)."""
+    argv = list(spec.command or contract.DEFAULT_POD_COMMAND) + list(spec.args)
+    return [rewrite_mount_paths(expand_references(arg, env), mounts) for arg in argv]
+
+
+def termination_log_path(setup: LocalSetup, node_rank: int) -> str:
+    return os.path.join(setup.scratch_dir, f"node-{node_rank}.termination-log")

@@ -1,0 +1,241 @@
+"""Process supervision for `ddpjob run`: one gang of local "node" processes.
+
+A node is one process started in its own session, so that it is the leader of its own process
+group and owns everything it starts (torchrun and its workers). That lets the supervisor do to
+a node what the kubelet does to a pod: SIGTERM the whole group, wait the grace period, SIGKILL
+what is left; and when a node's main process exits, kill whatever it left behind (a container's
+processes die with its PID 1).
+
+Being in their own sessions also means the terminal's Ctrl-C reaches only `ddpjob run`, which
+then stops the nodes in that orderly way instead of every process getting SIGINT at once.
+
+Each node's output (stdout and stderr merged, as `kubectl logs` shows them) is read line by line
+by its own thread and printed whole with a `[node-R] ` prefix, so a node with a lot of output
+never blocks on a full pipe and lines of different nodes never interleave mid-line.
+
+This module knows nothing about DDPJobs: it runs commands and reports who exited first with what.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence, TextIO
+
+POLL_SECONDS = 0.1
+
+
+class Console:
+    """Serialises writes from the reader threads and the supervisor: whole lines only."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self._out = out if out is not None else sys.stdout
+        self._err = err if err is not None else sys.stderr
+        self._lock = threading.Lock()
+
+    def node_line(self, node_rank: int, line: str) -> None:
+        self._write(self._out, f"[node-{node_rank}] {line}\n")
+
+    def note(self, message: str) -> None:
+        self._write(self._err, f"ddpjob run: {message}\n")
+
+    def _write(self, stream: TextIO, text: str) -> None:
+        with self._lock:
+            try:
+                stream.write(text)
+                stream.flush()
+            except (OSError, ValueError):
+                # Our own stdout is gone (`ddpjob run | head`): keep draining the nodes' pipes
+                # anyway, or they would block on a full pipe.
+                pass
+
+
+class StopRequest:
+    """Ctrl-C, SIGTERM or SIGHUP to `ddpjob run`, recorded by the handler, acted on by the loop.
+
+    SIGHUP is included because the nodes, in their own sessions, would not get it when the
+    terminal closes: `ddpjob run` dying of it would leave them running. The handler only sets
+    attributes (taking a lock inside a signal handler can deadlock). A second signal asks to
+    skip the grace period.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.force = False
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, _frame) -> None:
+        if self.signum is not None:
+            self.force = True
+        else:
+            self.signum = signum
+
+    def install(self) -> Callable[[], None]:
+        """Install the handlers; returns a function that restores the previous ones.
+
+        Outside the main thread (signal handlers cannot be set there) it installs nothing.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+        def restore() -> None:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+        return restore
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """What to run for one node: argv and the complete process environment."""
+
+    node_rank: int
+    argv: Sequence[str]
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class GangOutcome:
+    """How a gang ended. ``kind``: succeeded, failed, stopped (by a signal) or deadline."""
+
+    kind: str
+    node_rank: Optional[int] = None
+    exit_code: Optional[int] = None
+    signum: Optional[int] = None
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen's returncode as a container's exit code: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class LocalNode:
+    """One running node: its process, the thread that prints its output, the one that waits."""
+
+    def __init__(self, launch: NodeLaunch, cwd: str, console: Console, exits: "queue.Queue") -> None:
+        self.node_rank = launch.node_rank
+        self.exit_code: Optional[int] = None
+        self.process: Optional[subprocess.Popen] = None
+        self._threads: list[threading.Thread] = []
+        try:
+            self.process = subprocess.Popen(
+                list(launch.argv), cwd=cwd, env=dict(launch.env), stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as error:
+            # What a container runtime reports for the same mistake: 127 not found, 126 not
+            # executable; both permanent by default.
+            self.exit_code = 127 if isinstance(error, FileNotFoundError) else 126
+            console.node_line(self.node_rank, f"cannot run {launch.argv[0]!r}: {error.strerror}")
+            exits.put((self.node_rank, self.exit_code))
+            return
+        self.pid = self.process.pid
+        self._start_thread(self._print_output, console)
+        self._start_thread(self._wait, exits)
+
+    def _start_thread(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True,
+                                  name=f"node-{self.node_rank}-{target.__name__}")
+        thread.start()
+        self._threads.append(thread)
+
+    def _print_output(self, console: Console) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        with self.process.stdout:
+            for raw in iter(self.process.stdout.readline, b""):
+                console.node_line(self.node_rank, raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+    def _wait(self, exits: "queue.Queue") -> None:
+        assert self.process is not None
+        code = exit_code_of(self.process.wait())
+        self.exit_code = code
+        exits.put((self.node_rank, code))
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.exit_code is None
+
+    def signal_group(self, signum: int) -> None:
+        """Signal every process of the node; its group outlives its leader if children remain."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # the whole group is gone already
+
+    def join(self, timeout: float) -> None:
+        for thread in self._threads:
+            thread.join(timeout)
+
+
+def stop_nodes(nodes: Sequence[LocalNode], grace_seconds: float, stop: StopRequest) -> None:
+    """The kubelet's pod deletion for each node: SIGTERM, up to the grace period, SIGKILL."""
+    for node in nodes:
+        if node.running:
+            node.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while any(n.running for n in nodes) and time.monotonic() < deadline and not stop.force:
+        time.sleep(POLL_SECONDS / 2)
+    for node in nodes:
+        node.signal_group(signal.SIGKILL)  # also the leftovers of nodes that have exited
+    for node in nodes:
+        if node.process is not None:
+            node.process.wait()
+        node.join(timeout=5)
+
+
+def run_gang(
+    launches: Sequence[NodeLaunch],
+    *,
+    cwd: str,
+    grace_seconds: float,
+    stop: StopRequest,
+    console: Console,
+    deadline: Optional[float] = None,
+    before_launch: Callable[[], None] = lambda: None,
+) -> GangOutcome:
+    """Start every node, wait until all succeed or the first fails, and leave nothing running.
+
+    ``before_launch`` runs right before the first process starts (it releases the reserved
+    master port, shortening the window in which another program could take it).
+    ``deadline`` is a time.monotonic() value after which the gang is stopped.
+    """
+    exits: "queue.Queue[tuple[int, int]]" = queue.Queue()
+    nodes: list[LocalNode] = []
+    try:
+        if stop.requested:  # stopped between two attempts: start nothing
+            return GangOutcome("stopped", signum=stop.signum)
+        before_launch()
+        for launch in launches:
+            nodes.append(LocalNode(launch, cwd, console, exits))
+        by_rank = {n.node_rank: n for n in nodes}
+        waiting = set(by_rank)
+        while waiting:
+            if stop.requested:
+                return GangOutcome("stopped", signum=stop.signum)
+            if deadline is not None and time.monotonic() >= deadline:
+                return GangOutcome("deadline")
+            try:
+                rank, code = exits.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                continue
+            waiting.discard(rank)
+            by_rank[rank].signal_group(signal.SIGKILL)  # the pod's other processes go with it
+            if code != 0:
+                # The queue orders exits as the waiter threads saw them: the first failure
+                # decides, the peers that fail after it (they lost a rank) do not.
+                return GangOutcome("failed", node_rank=rank, exit_code=code)
+        return GangOutcome("succeeded")
+    finally:
+        stop_nodes(nodes, grace_seconds, stop)

@@ -1,0 +1,245 @@
+"""`ddpjob run -f FILE`: run a DDPJob on this machine, no cluster.
+
+Each node of the job becomes a local process with the environment the operator gives its pod
+(``contract.node_environment``, with MASTER_ADDR=127.0.0.1 and a free port), the spec's env and
+its command + args. The gang is then treated as the operator treats pods: the first failing node
+decides; a permanent exit code fails the job, a retryable one restarts the whole gang with the
+next DDPJOB_RESTART_ATTEMPT until failurePolicy.maxRestarts is spent. The exit code is the job's
+outcome: 0, the failing node's code, 128 + signal when stopped by Ctrl-C / SIGTERM, or 124 when
+activeDeadlineSeconds passes. docs/local-run.md is the user's page.
+
+What each node runs is worked out in ``local_plan``, volume mounts in ``local_volumes``, process
+handling in ``local_supervisor``; this module reads the file, applies the failure policy and
+prints. Like the rest of the package it never imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import yaml
+
+from ddpjob import contract, spec as api
+from ddpjob.local_plan import (LocalRunError, LocalSetup, check_gpus, job_environment, node_command,
+                               process_environment, reserve_free_port, termination_log_path,
+                               visible_gpu_ids)
+from ddpjob.local_supervisor import Console, GangOutcome, NodeLaunch, StopRequest, run_gang
+from ddpjob.local_volumes import materialise_mounts
+
+EXIT_BAD_INPUT = 2  # the same code `ddpjob validate` uses for a job that cannot run as written
+EXIT_DEADLINE = 124  # timeout(1)'s convention for "stopped because time ran out"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "run", help="run a DDPJob on this machine, no cluster",
+        description="Run a DDPJob on this machine: one local process per node, with the same "
+        "environment as the pods, output prefixed by node rank. Ctrl-C stops every node. "
+        "Exit code: 0 when every node succeeds, else the failing node's. See docs/local-run.md.")
+    parser.add_argument("-f", "--filename", required=True, metavar="FILE",
+                        help="the DDPJob manifest (YAML; may also hold ConfigMaps that its volumes use)")
+    parser.add_argument("--workdir", default=".", metavar="DIR",
+                        help="working directory of the node processes (default: the current directory)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print each node's command and environment, run nothing")
+    parser.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    console = Console()
+    try:
+        job, configmaps = load_manifest(args.filename)
+        if not os.path.isdir(args.workdir):
+            raise LocalRunError(f"--workdir {args.workdir}: not a directory")
+        return run_job(job, workdir=os.path.abspath(args.workdir), configmaps=configmaps,
+                       dry_run=args.dry_run, console=console)
+    except LocalRunError as error:
+        console.note(f"error: {error}")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C before any node started (afterwards a handler takes it)
+        return 128 + signal.SIGINT
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the file
+# ---------------------------------------------------------------------------------------------
+def load_manifest(path: str) -> tuple[api.DDPJob, dict[str, dict]]:
+    """The file's one DDPJob, validated, and the ConfigMaps defined beside it (by name)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            documents = [d for d in yaml.safe_load_all(file) if d is not None]
+    except OSError as error:
+        raise LocalRunError(f"{path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise LocalRunError(f"{path}: not valid YAML: {error}") from None
+    kinds = [d.get("kind") if isinstance(d, dict) else type(d).__name__ for d in documents]
+    ddpjobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == contract.KIND]
+    if len(ddpjobs) != 1:
+        found = ", ".join(map(str, kinds)) or "nothing"
+        raise LocalRunError(f"{path}: expected exactly one {contract.KIND}, found {found}")
+    configmaps = {d["metadata"]["name"]: d for d in documents if isinstance(d, dict)
+                  and d.get("kind") == "ConfigMap" and (d.get("metadata") or {}).get("name")}
+    # Imported here: the schema module is the validation `ddpjob validate` and the operator use.
+    from ddpjob.schema import InvalidDDPJob, parse_ddpjob
+
+    try:
+        return parse_ddpjob(ddpjobs[0]), configmaps
+    except InvalidDDPJob as error:
+        problems = "\n".join(f"  {problem}" for problem in error.problems)
+        raise LocalRunError(f"{path}: invalid {contract.KIND}:\n{problems}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The failure policy: what the operator would do next
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    exit_code: int
+    message: str
+
+
+def decide(outcome: GangOutcome, *, restarts_done: int, spec: api.DDPJobSpec, job_name: str) -> Decision:
+    """Given how the gang ended, restart it or end the run with which exit code and message."""
+    if outcome.kind == "succeeded":
+        after = f" after {restarts_done} restart{'s' * (restarts_done != 1)}" if restarts_done else ""
+        return Decision(False, 0, f"job {job_name} succeeded: all {spec.nnodes} nodes exited 0{after}")
+    if outcome.kind == "stopped":
+        name = signal.Signals(outcome.signum).name
+        return Decision(False, 128 + outcome.signum, f"{name}: stopped every node")
+    if outcome.kind == "deadline":
+        return Decision(False, EXIT_DEADLINE,
+                        f"activeDeadlineSeconds ({spec.activeDeadlineSeconds}) passed: stopped every node")
+    code, budget = outcome.exit_code, spec.failurePolicy.maxRestarts
+    meaning = re.sub(r" \((retryable|permanent)\)$", "", contract.describe_exit_code(code))
+    what = f"node {outcome.node_rank} exited {code}"
+    if contract.is_permanent_exit(code, tuple(spec.failurePolicy.permanentExitCodes)):
+        return Decision(False, code, f"{what} ({meaning}, permanent); job {job_name} failed")
+    if restarts_done >= budget:
+        return Decision(False, code, f"{what} ({meaning}, retryable) but the restart budget "
+                        f"(maxRestarts {budget}) is spent; job {job_name} failed")
+    return Decision(True, code, f"{what} ({meaning}, retryable); restarting the gang "
+                    f"(restart {restarts_done + 1}/{budget})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+def run_job(job: api.DDPJob, *, workdir: str = ".", configmaps: Mapping[str, Any] | None = None,
+            dry_run: bool = False, environ: Mapping[str, str] | None = None,
+            console: Console | None = None) -> int:
+    """Run ``job`` here until it succeeds or fails; returns the exit code for `ddpjob run`."""
+    environ = dict(os.environ if environ is None else environ)
+    console = console or Console()
+    workdir = os.path.abspath(workdir)
+    spec = job.spec
+    if spec.suspend:
+        console.note(f"job {job.name} has suspend: true, so the operator would start no pods; nothing to run")
+        return 0
+    gpu_ids = check_gpus(spec, visible_gpu_ids(environ))
+    for index, entry in enumerate(spec.env):
+        if "valueFrom" in entry and "value" not in entry and entry["name"] not in environ:
+            raise LocalRunError(
+                f"spec.env[{index}] ({entry['name']}) uses valueFrom, which needs a cluster; for a local "
+                f"run, export {entry['name']} before `ddpjob run` (it is then taken from your environment)")
+    with tempfile.TemporaryDirectory(prefix=f"ddpjob-run-{job.name}-") as scratch:
+        try:
+            mounts = materialise_mounts(spec.volumeMounts, spec.template.spec.volumes, configmaps or {}, scratch)
+        except (ValueError, KeyError, OSError) as error:
+            raise LocalRunError(f"volumes: {error}") from None
+        for mount in mounts:
+            console.note(f"volume {mount.note}")
+        setup = LocalSetup(scratch, tuple(mounts), tuple(gpu_ids) if gpu_ids is not None else None)
+        if dry_run:
+            print_dry_run(job, setup, workdir, environ)
+            return 0
+        console.note(f"job {job.name}: {spec.nnodes} nodes x {spec.nprocPerNode} process(es), device "
+                     f"{spec.device}, in {workdir} (the image is not used: the nodes run this machine's programs)")
+        return supervise(job, setup, workdir, environ, console)
+
+
+def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping[str, str],
+              console: Console) -> int:
+    spec = job.spec
+    stop = StopRequest()
+    restore_signals = stop.install()
+    deadline = time.monotonic() + spec.activeDeadlineSeconds if spec.activeDeadlineSeconds else None
+    try:
+        restarts_done = 0
+        while True:
+            # A fresh port per attempt: the previous attempt's may linger in TIME_WAIT.
+            port_holder = reserve_free_port()
+            try:
+                launches = _launches(job, setup, environ, port_holder.getsockname()[1], restarts_done)
+                for rank in range(spec.nnodes):  # each attempt's pods start with an empty log
+                    _remove(termination_log_path(setup, rank))
+                outcome = run_gang(launches, cwd=workdir, console=console, stop=stop, deadline=deadline,
+                                   grace_seconds=spec.template.spec.terminationGracePeriodSeconds,
+                                   before_launch=port_holder.close)
+            finally:
+                port_holder.close()
+            decision = decide(outcome, restarts_done=restarts_done, spec=spec, job_name=job.name)
+            if outcome.kind == "failed":
+                message = _read_termination_message(termination_log_path(setup, outcome.node_rank))
+                if message:
+                    console.note(f"node {outcome.node_rank} termination message: {message}")
+            console.note(decision.message)
+            if not decision.restart:
+                return decision.exit_code
+            restarts_done += 1
+    finally:
+        restore_signals()
+
+
+def _launches(job: api.DDPJob, setup: LocalSetup, environ: Mapping[str, str], master_port: int,
+              restart_attempt: int) -> list[NodeLaunch]:
+    launches = []
+    for rank in range(job.spec.nnodes):
+        job_env = job_environment(job, node_rank=rank, master_port=master_port,
+                                  restart_attempt=restart_attempt, setup=setup, environ=environ)
+        argv = node_command(job.spec, job_env, setup.mounts)
+        launches.append(NodeLaunch(rank, argv, process_environment(job_env, environ)))
+    return launches
+
+
+def print_dry_run(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping[str, str]) -> None:
+    port_holder = reserve_free_port()
+    port = port_holder.getsockname()[1]
+    port_holder.close()
+    from_environ = {e["name"] for e in job.spec.env if "valueFrom" in e and "value" not in e}
+    print(f"# ddpjob run --dry-run: job {job.name}, {job.spec.nnodes} nodes. MASTER_PORT {port} and the paths "
+          f"under {setup.scratch_dir} are examples: a run binds a fresh port for each attempt and makes its "
+          "own scratch directory. Only the job's variables are shown; each node also inherits this "
+          "shell's environment (less PET_* and the names the job sets).")
+    for rank in range(job.spec.nnodes):
+        job_env = job_environment(job, node_rank=rank, master_port=port, restart_attempt=0,
+                                  setup=setup, environ=environ)
+        print(f"node {rank}:")
+        print(f"  cwd: {workdir}")
+        print(f"  command: {shlex.join(node_command(job.spec, job_env, setup.mounts))}")
+        print("  env:")
+        for name, value in job_env.items():
+            shown = "<from your environment>" if name in from_environ else value  # may be a secret
+            print(f"    {name}={shown}")
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _read_termination_message(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return " ".join(file.read().split())[:500]
+    except OSError:
+        return ""

@@ -1,0 +1,229 @@
+"""Valid and invalid DDPJob manifests, shared by two test suites.
+
+The unit tests feed them to ``ddpjob validate`` (``ddpjob.schema``); the cluster suite sends
+the same manifests to a real API server with the generated CRD installed. The two word their
+messages differently, so each bad case records the *field path* both must name, plus a
+substring of ``ddpjob validate``'s message, plus what the API server is expected to do
+(``server``):
+
+* ``REJECTS``: a create is refused, naming ``path``.
+* ``REJECTS_WHEN_STRICT``: refused only with server-side field validation ``Strict`` (what
+  ``kubectl apply`` uses by default); with ``Ignore`` the API server prunes the unknown field.
+* ``NOT_SENDABLE``: not a DDPJob at all (wrong kind or apiVersion): the API server routes it to
+  another resource, so only ``ddpjob validate`` can judge it.
+
+Pure data, standard library only: importable from any test tier.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+REJECTS = "rejects"
+REJECTS_WHEN_STRICT = "rejects-when-strict"
+NOT_SENDABLE = "not-sendable"
+
+DELETE = object()  # a with_changes value: remove the field
+
+
+def minimal_manifest(name: str = "mnist") -> dict:
+    """The smallest valid DDPJob."""
+    return {
+        "apiVersion": "ddpjob.dev/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": name},
+        "spec": {"nnodes": 2, "image": "ddpjob-trainer:latest"},
+    }
+
+
+def with_changes(changes: dict[str, Any], base: dict | None = None) -> dict:
+    """A copy of ``base`` (default: the minimal manifest) with dotted paths set or deleted.
+
+    ``{"spec.nnodes": 0}`` sets a field, ``{"spec.image": DELETE}`` removes it; missing
+    parents are created.
+    """
+    manifest = copy.deepcopy(base if base is not None else minimal_manifest())
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = manifest
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is DELETE:
+            node.pop(last, None)
+        else:
+            node[last] = copy.deepcopy(value)
+    return manifest
+
+
+
+
+@dataclass(frozen=True)
+class BadCase:
+    id: str
+    manifest: dict
+    path: str
+    message: str
+    server: str = REJECTS
+
+
+def _bad(id: str, changes: dict[str, Any], path: str, message: str, server: str = REJECTS) -> BadCase:
+    return BadCase(id, with_changes(changes), path, message, server)
+
+
+_GPU = "nvidia.com/gpu"
+
+
+def bad_manifest_table() -> list[BadCase]:
+    """Invalid DDPJobs, one problem each, with the field path both validators must name."""
+    return [
+        _bad("nnodes-zero", {"spec.nnodes": 0}, "spec.nnodes", "must be >= 1, got 0"),
+        _bad("nnodes-too-many", {"spec.nnodes": 10000}, "spec.nnodes", "must be <= 9999, got 10000"),
+        _bad("nnodes-string", {"spec.nnodes": "2"}, "spec.nnodes", 'must be an integer, got string "2"'),
+        _bad("nnodes-missing", {"spec.nnodes": DELETE}, "spec.nnodes", "required"),
+        _bad("image-missing", {"spec.image": DELETE}, "spec.image", "required"),
+        _bad("image-empty", {"spec.image": ""}, "spec.image", "must be at least 1 character long"),
+        _bad("device-tpu", {"spec.device": "tpu"}, "spec.device", "must be one of cpu, gpu, got 'tpu'"),
+        _bad("nproc-zero", {"spec.nprocPerNode": 0}, "spec.nprocPerNode", "must be >= 1"),
+        _bad("nproc-too-many", {"spec.nprocPerNode": 65}, "spec.nprocPerNode", "must be <= 64"),
+        _bad("pull-policy-lowercase", {"spec.imagePullPolicy": "always"}, "spec.imagePullPolicy",
+             "must be one of Always, IfNotPresent, Never, got 'always'"),
+        _bad("command-empty", {"spec.command": []}, "spec.command", "must have at least 1 item"),
+        _bad("args-a-string", {"spec.args": "--epochs 3"}, "spec.args", "must be a list, got string"),
+        _bad("args-number", {"spec.args": ["--epochs", 3]}, "spec.args[1]",
+             'must be a string, got integer 3 (quote it in YAML: "3")'),
+        _bad("unknown-spec-field", {"spec.workers": 2}, "spec.workers", "unknown field", REJECTS_WHEN_STRICT),
+        _bad("unknown-top-level-field", {"extra": 1}, "extra", "unknown field", REJECTS_WHEN_STRICT),
+        _bad("spec-missing", {"spec": DELETE}, "spec", "required"),
+        _bad("spec-a-list", {"spec": [1]}, "spec", "must be a mapping, got a list"),
+        _bad("master-port-privileged", {"spec.masterPort": 80}, "spec.masterPort", "must be >= 1024"),
+        _bad("master-port-too-big", {"spec.masterPort": 70000}, "spec.masterPort", "must be <= 65535"),
+        _bad("max-restarts-negative", {"spec.failurePolicy": {"maxRestarts": -1}},
+             "spec.failurePolicy.maxRestarts", "must be >= 0"),
+        _bad("exit-code-repeated", {"spec.failurePolicy": {"permanentExitCodes": [2, 2]}},
+             "spec.failurePolicy.permanentExitCodes[1]", "duplicate value 2"),
+        _bad("exit-code-zero", {"spec.failurePolicy": {"permanentExitCodes": [0]}},
+             "spec.failurePolicy.permanentExitCodes[0]", "must be >= 1"),
+        _bad("exit-code-too-big", {"spec.failurePolicy": {"permanentExitCodes": [256]}},
+             "spec.failurePolicy.permanentExitCodes[0]", "must be <= 255"),
+        _bad("env-without-name", {"spec.env": [{"name": "A", "value": "1"}, {"value": "x"}]},
+             "spec.env[1].name", "required"),
+        _bad("env-bad-name", {"spec.env": [{"name": "1X", "value": "1"}]}, "spec.env[0].name",
+             "must match the pattern"),
+        _bad("env-value-number", {"spec.env": [{"name": "SEED", "value": 1}]}, "spec.env[0].value",
+             "must be a string, got integer 1"),
+        _bad("env-unknown-key", {"spec.env": [{"name": "A", "valu": "1"}]}, "spec.env[0].valu",
+             "unknown field", REJECTS_WHEN_STRICT),
+        _bad("env-reserved-name", {"spec.env": [{"name": "MASTER_ADDR", "value": "x"}]}, "spec.env",
+             "env may not set the names the operator sets"),
+        _bad("env-reserved-prefix", {"spec.env": [{"name": "PET_RDZV_BACKEND", "value": "c10d"}]},
+             "spec.env", "env may not set the names the operator sets"),
+        _bad("gpu-limit-on-cpu-job", {"spec.resources": {"limits": {_GPU: 1}}}, "spec.resources.limits",
+             "only allowed with device: gpu"),
+        _bad("gpu-request-on-cpu-job", {"spec.resources": {"requests": {_GPU: 1}}},
+             "spec.resources.requests", "only allowed with device: gpu"),
+        _bad("gpu-limit-not-nproc", {"spec.device": "gpu", "spec.nprocPerNode": 8,
+                                     "spec.resources": {"limits": {_GPU: 4}}},
+             "spec.resources.limits", "must equal nprocPerNode"),
+        _bad("gpu-request-not-nproc", {"spec.device": "gpu", "spec.nprocPerNode": 8,
+                                       "spec.resources": {"requests": {_GPU: "4"}}},
+             "spec.resources.requests", "must equal nprocPerNode"),
+        _bad("quantity-not-a-quantity", {"spec.resources": {"limits": {"memory": "lots"}}},
+             "spec.resources.limits.memory", "must match the pattern"),
+        _bad("quantity-a-float", {"spec.resources": {"requests": {"cpu": 0.5}}},
+             "spec.resources.requests.cpu", "must be an integer or a string"),
+        _bad("resources-typo", {"spec.resources": {"limit": {"cpu": 1}}}, "spec.resources.limit",
+             "unknown field", REJECTS_WHEN_STRICT),
+        _bad("mount-without-volume", {"spec.volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+             "spec.volumeMounts", "must name a volume in template.spec.volumes"),
+        _bad("mount-over-dev-shm", {"spec.volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                                    "spec.template": {"spec": {"volumes": [{"name": "shm", "emptyDir": {}}]}}},
+             "spec.volumeMounts", "set shmSize instead"),
+        _bad("mount-without-path", {"spec.volumeMounts": [{"name": "data"}]},
+             "spec.volumeMounts[0].mountPath", "required"),
+        _bad("volume-without-name", {"spec.template": {"spec": {"volumes": [{"emptyDir": {}}]}}},
+             "spec.template.spec.volumes[0].name", "required"),
+        _bad("volume-names-repeated", {"spec.template": {"spec": {"volumes": [
+            {"name": "data", "emptyDir": {}}, {"name": "data", "emptyDir": {}}]}}},
+             "spec.template.spec.volumes", "volume names must be unique"),
+        _bad("volume-named-like-the-shm-volume", {"spec.template": {"spec": {"volumes": [
+            {"name": "dshm", "emptyDir": {}}]}}}, "spec.template.spec.volumes", "is the operator's"),
+        _bad("shm-size-decimal-unit", {"spec.shmSize": "2GB"}, "spec.shmSize", "must match the pattern"),
+        _bad("shm-size-zero", {"spec.shmSize": "0"}, "spec.shmSize", "must match the pattern"),
+        _bad("pod-label-reserved", {"spec.template": {"metadata": {"labels": {"ddpjob.dev/job-name": "x"}}}},
+             "spec.template.metadata.labels", "set by the operator"),
+        _bad("pod-label-number", {"spec.template": {"metadata": {"labels": {"version": 1.5}}}},
+             "spec.template.metadata.labels.version", "must be a string, got number 1.5"),
+        _bad("tolerations-a-mapping", {"spec.template": {"spec": {"tolerations": {"key": "gpu"}}}},
+             "spec.template.spec.tolerations", "must be a list, got a mapping"),
+        _bad("node-selector-a-list", {"spec.template": {"spec": {"nodeSelector": ["gpu"]}}},
+             "spec.template.spec.nodeSelector", "must be a mapping, got a list"),
+        _bad("grace-period-too-long", {"spec.template": {"spec": {"terminationGracePeriodSeconds": 7200}}},
+             "spec.template.spec.terminationGracePeriodSeconds", "must be <= 3600"),
+        _bad("suspend-a-string", {"spec.suspend": "true"}, "spec.suspend", "must be a boolean"),
+        _bad("clean-pod-policy-unknown", {"spec.cleanPodPolicy": "Never"}, "spec.cleanPodPolicy",
+             "must be one of Running, All, None"),
+        _bad("startup-timeout-zero", {"spec.startupTimeoutSeconds": 0}, "spec.startupTimeoutSeconds",
+             "must be >= 1"),
+        _bad("deadline-zero", {"spec.activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", "must be >= 1"),
+        _bad("ttl-negative", {"spec.ttlSecondsAfterFinished": -1}, "spec.ttlSecondsAfterFinished",
+             "must be >= 0"),
+        _bad("name-too-long", {"metadata.name": "a" * 54}, "metadata.name", "at most 53 characters"),
+        _bad("name-starts-with-digit", {"metadata.name": "1job"}, "metadata.name", "DNS-1035 label"),
+        _bad("name-with-dot", {"metadata.name": "my.job"}, "metadata.name", "DNS-1035 label"),
+        _bad("wrong-api-version", {"apiVersion": "ddpjob.dev/v1"}, "apiVersion",
+             "must be ddpjob.dev/v1alpha1", NOT_SENDABLE),
+        _bad("wrong-kind", {"kind": "Job"}, "kind", "must be DDPJob (got kind 'Job')", NOT_SENDABLE),
+    ]
+
+
+def good_manifest_table() -> list[tuple[str, dict]]:
+    """Valid DDPJobs that exercise every field (examples/*.yaml are added by the tests)."""
+    full = with_changes({
+        "metadata.namespace": "ml",
+        "metadata.labels": {"team": "vision"},
+        "spec": {
+            "nnodes": 4, "nprocPerNode": 2, "device": "cpu", "image": "registry.example/train:1.0",
+            "imagePullPolicy": "Always", "command": ["torchrun"], "args": ["train.py", "--epochs", "3"],
+            "env": [{"name": "SEED", "value": "1"},
+                    {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            "resources": {"requests": {"cpu": 2, "memory": "4Gi"}, "limits": {"memory": "4Gi"}},
+            "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+            "shmSize": "8Gi",
+            "template": {
+                "metadata": {"labels": {"app": "train"}, "annotations": {"note": "x"}},
+                "spec": {
+                    "nodeSelector": {"pool": "cpu"},
+                    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml",
+                                     "effect": "NoSchedule"}],
+                    "affinity": {"nodeAffinity": {}},
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+                    "serviceAccountName": "trainer", "priorityClassName": "high",
+                    "schedulerName": "volcano", "runtimeClassName": "runc",
+                    "imagePullSecrets": [{"name": "regcred"}],
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+                    "terminationGracePeriodSeconds": 120,
+                },
+            },
+            "masterPort": 23456,
+            "failurePolicy": {"maxRestarts": 5, "permanentExitCodes": [2, 3]},
+            "startupTimeoutSeconds": 900, "activeDeadlineSeconds": 86400,
+            "ttlSecondsAfterFinished": 3600, "suspend": False, "cleanPodPolicy": "All",
+        },
+    })
+    return [
+        ("minimal", minimal_manifest()),
+        ("every-field", full),
+        ("gpu-limit-int", with_changes({"spec.device": "gpu", "spec.nprocPerNode": 8,
+                                        "spec.resources": {"limits": {_GPU: 8}}})),
+        ("gpu-limit-string", with_changes({"spec.device": "gpu", "spec.nprocPerNode": 8,
+                                           "spec.resources": {"limits": {_GPU: "8"}, "requests": {_GPU: 8}}})),
+        ("gpu-without-resources", with_changes({"spec.device": "gpu", "spec.nprocPerNode": 4})),
+        ("name-53-characters", with_changes({"metadata.name": "a" * 53})),
+        ("nulls-mean-unset", with_changes({"spec.command": None, "spec.template": None,
+                                           "spec.activeDeadlineSeconds": None})),
+        ("with-status", with_changes({"status": {"phase": "Running", "anything": 1}})),
+        ("operator-view", with_changes({"metadata": {"name": "j", "namespace": "ns", "uid": "u-1",
+                                                     "generation": 3, "resourceVersion": "7",
+                                                     "annotations": {"a": "b"}}})),
+    ]

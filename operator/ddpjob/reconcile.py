@@ -1,0 +1,173 @@
+"""One reconcile pass of one DDPJob: parse, decide, act, write status.
+
+Synchronous and free of kopf: handlers.py runs it in a worker thread with the pods of the job as
+kopf's watch last saw them, and tests run it with a fake ``Kube``. Any API error reaches the
+status (reason ReconcileError) and a Warning event: the peers' users never see theirs
+(kubeflow/trainer#2713, #3666, #3671).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ddpjob import builders, spec
+from ddpjob.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
+from ddpjob.kube import ApiError
+from ddpjob.settings import OperatorSettings
+from ddpjob.status import JobStatus, truncate
+
+logger = logging.getLogger("ddpjob.reconcile")
+
+PostEvent = Callable[[Event], None]
+Parse = Callable[[Mapping[str, Any]], spec.DDPJob]
+
+
+@dataclass
+class JobMemory:
+    """What a job's worker remembers between passes. Losing it (an operator restart) costs
+    nothing but a few idempotent requests: the status and the pods hold the truth."""
+
+    status: Optional[JobStatus] = None  # the status last written; authoritative once set
+    created: dict[int, set[int]] = field(default_factory=dict)  # attempt -> ranks created
+    gone_uids: set[str] = field(default_factory=set)  # deleted, whatever a stale watch says
+    parsed: Optional[tuple[Any, spec.DDPJob]] = None  # (generation, job)
+    consecutive_errors: int = 0
+    last_error: str = ""
+
+
+def default_parse(obj: Mapping[str, Any]) -> spec.DDPJob:
+    from ddpjob.schema import parse_ddpjob  # imported late: the pure modules do not need it
+
+    return parse_ddpjob(obj)
+
+
+def reconcile(
+    body: Mapping[str, Any],
+    pods: Sequence[PodView],
+    memory: JobMemory,
+    *,
+    kube: Any,
+    settings: OperatorSettings,
+    post_event: PostEvent,
+    now: Optional[dt.datetime] = None,
+    parse: Parse = default_parse,
+) -> Optional[float]:
+    """Bring the job one step closer to its spec; returns seconds until a clock needs another
+    pass (None: only a change will), or the retry backoff after an error."""
+    meta = body.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None  # being deleted: the garbage collector takes the children
+    now = now or dt.datetime.now(dt.timezone.utc)
+    status = memory.status if memory.status is not None else JobStatus.from_dict(body.get("status"))
+    all_uids = {p.uid for p in pods}
+    memory.gone_uids &= all_uids  # forget what the watch has caught up with
+    pods = [p for p in pods if p.uid not in memory.gone_uids]
+
+    job: Optional[spec.DDPJob] = None
+    try:
+        job = _parsed(body, memory, parse)
+    except ValueError as exc:  # schema.InvalidDDPJob is a ValueError
+        plan = decide_invalid(status, f"invalid spec: {exc}", pods, now, uid=meta.get("uid"),
+                              generation=meta.get("generation"))
+    else:
+        plan = decide(job, status, pods, now, generation=meta.get("generation"),
+                      created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
+                      force_delete_after=settings.force_delete_after_seconds)
+    try:
+        _act(body, job, status, plan, memory, kube, post_event, now)
+    except ApiError as exc:
+        return _report_error(body, exc, memory, kube, settings, post_event)
+    memory.consecutive_errors, memory.last_error = 0, ""
+    return plan.requeue_after
+
+
+def _parsed(body: Mapping[str, Any], memory: JobMemory, parse: Parse) -> spec.DDPJob:
+    key = ((body.get("metadata") or {}).get("generation"), (body.get("metadata") or {}).get("uid"))
+    if memory.parsed is None or memory.parsed[0] != key or key == (None, None):
+        memory.parsed = (key, parse(body))
+    return memory.parsed[1]
+
+
+def _write_status(body: Mapping[str, Any], new: JobStatus, memory: JobMemory, kube: Any) -> None:
+    meta = body["metadata"]
+    kube.patch_status(meta["namespace"], meta["name"], new.to_dict())
+    memory.status = new
+
+
+def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, plan: Plan,
+         memory: JobMemory, kube: Any, post_event: PostEvent, now: dt.datetime) -> None:
+    """Carry out ``plan``: status first (the intent survives a crash), then the children."""
+    meta = body["metadata"]
+    namespace = meta["namespace"]
+    if plan.status != old:
+        _write_status(body, plan.status, memory, kube)
+    else:
+        memory.status = old
+    for event in plan.events:
+        post_event(event)
+
+    errors: list[ApiError] = []
+    for pods, force in ((plan.force_delete, True), (plan.delete, False)):
+        if not pods:
+            continue
+        if force:
+            post_event(Event("Warning", "ForceDeleted",
+                             f"Force-deleting {len(pods)} pod(s) stuck Terminating: "
+                             + ", ".join(p.name for p in pods)))
+        for outcome in kube.delete_pods(namespace, [(p.name, p.uid) for p in pods], force=force):
+            if outcome.gone:
+                memory.gone_uids.add(outcome.uid)
+            if outcome.error is not None:
+                errors.append(outcome.error)
+
+    if job is not None and plan.create_ranks:
+        if plan.ensure_service:
+            kube.create_service(builders.build_service(job))
+        created = memory.created.setdefault(plan.attempt, set())
+        for attempt in [a for a in memory.created if a < plan.attempt]:
+            del memory.created[attempt]
+        outcomes = kube.create_pods(builders.build_pods(job, plan.attempt, list(plan.create_ranks)))
+        for rank, outcome in zip(sorted(plan.create_ranks), outcomes):
+            if outcome.created:
+                created.add(rank)
+        refused = [o.error for o in outcomes if o.error is not None and o.error.permanent]
+        if refused:
+            failed = refuse_creation(job, memory.status or plan.status, refused[0].message, now)
+            _write_status(body, failed.status, memory, kube)
+            for event in failed.events:
+                post_event(event)
+            return  # the next pass (woken by the new pods' events) releases what was created
+        errors.extend(o.error for o in outcomes if o.error is not None)
+
+    if plan.delete_job:
+        kube.delete_job(namespace, meta["name"], meta.get("uid"))
+    if errors:
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ApiError(first.status, first.reason, first.message + more, first.what)
+
+
+def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
+                  kube: Any, settings: OperatorSettings, post_event: PostEvent) -> Optional[float]:
+    """Make the error visible: status reason ReconcileError (the phase is left as it was) and a
+    Warning event; then retry with an exponential backoff."""
+    name = (body.get("metadata") or {}).get("name", "?")
+    if exc.not_found and exc.what.startswith("patch status"):
+        return None  # the DDPJob itself is gone; its DELETED event stops this worker
+    message = truncate(f"{exc}", 1024)
+    logger.warning("%s: reconcile error: %s", name, message)
+    memory.consecutive_errors += 1
+    if message != memory.last_error:
+        post_event(Event("Warning", "ReconcileError", message))
+        memory.last_error = message
+    base = memory.status if memory.status is not None else JobStatus.from_dict(body.get("status"))
+    errored = replace(base, reason="ReconcileError", message=message)
+    if errored != base:
+        try:
+            _write_status(body, errored, memory, kube)
+        except ApiError as again:  # the API server itself is unreachable: the log has it
+            logger.warning("%s: could not write the error to the status: %s", name, again)
+    delay = settings.error_backoff_seconds * 2 ** (memory.consecutive_errors - 1)
+    return min(delay, settings.error_backoff_max_seconds)

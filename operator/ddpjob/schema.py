@@ -1,0 +1,490 @@
+"""The DDPJob API, derived from ``ddpjob.spec``: the CRD's OpenAPI schema, and validation.
+
+Two things come out of the dataclasses in ``spec.py`` and nothing else:
+
+* ``spec_schema()``: the structural OpenAPI v3 schema of ``spec`` that ``crd.py`` puts in the
+  CRD (descriptions, defaults, bounds, enums, patterns, CEL rules).
+* ``validate_ddpjob(obj)`` / ``parse_ddpjob(obj)``: a manifest checked against *that generated
+  schema* (the API server's rules, walked here in Python), defaulted the way the API server
+  defaults, then checked against each rule's Python predicate, then turned into ``spec.DDPJob``.
+
+Because validation walks the generated schema instead of re-reading the dataclasses, the CRD
+and ``ddpjob validate`` cannot disagree about a type, a bound or a default. Problems are named
+by field path in the API server's style: ``spec.env[2].name`` for list items, and dots for
+map keys as well as fields (``spec.resources.limits.cpu``), as kube-openapi writes them.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import json
+import re
+import sys
+import typing
+from collections.abc import Mapping as AbcMapping
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional
+
+from ddpjob import contract, spec
+
+API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
+TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+# ---------------------------------------------------------------------------------------------
+# dataclasses -> OpenAPI
+# ---------------------------------------------------------------------------------------------
+_SCALAR_TYPES = {int: "integer", str: "string", bool: "boolean", float: "number"}
+# spec_field keyword -> OpenAPI keyword, for the constraints that sit on a value (or a list item).
+_VALUE_KEYWORDS = {"minimum": "minimum", "maximum": "maximum", "pattern": "pattern",
+                   "min_length": "minLength", "max_length": "maxLength"}
+_LIST_KEYWORDS = {"min_items": "minItems", "max_items": "maxItems"}
+_FIELD_KEYS = {"description", "required", "enum", "unique_items", "openapi", *_VALUE_KEYWORDS, *_LIST_KEYWORDS}
+
+
+def spec_schema() -> dict:
+    """The OpenAPI v3 schema of ``spec`` (the CRD's ``.spec``), generated from ``DDPJobSpec``."""
+    return copy.deepcopy(_spec_schema())
+
+
+@functools.lru_cache(maxsize=1)
+def _spec_schema() -> dict:
+    # Cached for validation, which only reads it (defaults are deep-copied before use).
+    schema = _object_schema(spec.DDPJobSpec)
+    return {"description": "The desired job: what to run, on how many nodes, and how to recover.",
+            **schema}
+
+
+def rule_schema(rule: spec.Rule) -> dict:
+    """One ``x-kubernetes-validations`` entry."""
+    entry = {"rule": rule.cel, "message": rule.message}
+    if rule.field_path:
+        entry["fieldPath"] = rule.field_path
+    return entry
+
+
+def all_rules() -> list[spec.Rule]:
+    """Every cross-field rule: those of each dataclass under ``DDPJobSpec``, then the object's."""
+    return [r for cls in _dataclasses_under(spec.DDPJobSpec) for r in getattr(cls, "__rules__", ())] + list(
+        spec.OBJECT_RULES)
+
+
+def _dataclasses_under(cls: type) -> Iterator[type]:
+    yield cls
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        inner = _unwrap_optional(hints[f.name])
+        if dataclasses.is_dataclass(inner):
+            yield from _dataclasses_under(inner)
+
+
+def _object_schema(cls: type) -> dict:
+    hints = typing.get_type_hints(cls)
+    properties = {f.name: _field_schema(f, hints[f.name]) for f in dataclasses.fields(cls)}
+    schema: dict[str, Any] = {"type": "object"}
+    required = [f.name for f in dataclasses.fields(cls) if f.metadata.get("required")]
+    if required:
+        schema["required"] = required
+    schema["properties"] = properties
+    rules = getattr(cls, "__rules__", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [rule_schema(r) for r in rules]
+    return schema
+
+
+def _field_schema(f: dataclasses.Field, hint: Any) -> dict:
+    meta = f.metadata
+    unknown = set(meta) - _FIELD_KEYS
+    if unknown:  # a misspelt constraint would otherwise vanish from the CRD without a word
+        raise TypeError(f"field {f.name}: unknown spec_field keys {sorted(unknown)}")
+    inner = _unwrap_optional(hint)
+    if dataclasses.is_dataclass(inner):
+        body = _object_schema(inner)
+    elif typing.get_origin(inner) is tuple:
+        item_type = typing.get_args(inner)[0]
+        item = copy.deepcopy(meta["openapi"]) if "openapi" in meta else _value_schema(item_type, meta)
+        body = {"type": "array", "items": item}
+        body.update({api: meta[key] for key, api in _LIST_KEYWORDS.items() if key in meta})
+        if meta.get("unique_items"):
+            body["x-kubernetes-list-type"] = "set"
+    else:
+        body = copy.deepcopy(meta["openapi"]) if "openapi" in meta else _value_schema(inner, meta)
+    default = _default_of(f)
+    # The description goes first so that the generated YAML reads top-down.
+    return {"description": meta["description"], **body,
+            **({"default": default} if default is not None else {})}
+
+
+def _value_schema(tp: Any, meta: Mapping[str, Any]) -> dict:
+    if typing.get_origin(tp) in (AbcMapping, dict):
+        value_type = typing.get_args(tp)[1]
+        if value_type is str:
+            return {"type": "object", "additionalProperties": {"type": "string"}}
+        return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    if tp not in _SCALAR_TYPES:
+        raise TypeError(f"spec.py uses a type the schema generator does not know: {tp!r}")
+    schema: dict[str, Any] = {"type": _SCALAR_TYPES[tp]}
+    if "enum" in meta:
+        schema["enum"] = list(meta["enum"])
+    schema.update({api: meta[key] for key, api in _VALUE_KEYWORDS.items() if key in meta})
+    return schema
+
+
+def _unwrap_optional(hint: Any) -> Any:
+    if typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    """The JSON default of a field; ``{}`` for a nested object, so its own defaults apply."""
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        return {} if dataclasses.is_dataclass(value) else to_plain(value)
+    if f.default is dataclasses.MISSING or f.default is None:
+        return None
+    return to_plain(f.default)
+
+
+def to_plain(value: Any) -> Any:
+    """Dataclasses, tuples and mappings -> JSON-like dicts and lists (``None`` fields dropped)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if getattr(value, f.name) is not None}
+    if isinstance(value, AbcMapping):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Problems
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Problem:
+    """One reason a manifest is not a valid DDPJob: the field path and what is allowed there."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class InvalidDDPJob(ValueError):
+    """Raised by ``parse_ddpjob`` with every problem found (not just the first)."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = tuple(problems)
+        super().__init__("; ".join(str(p) for p in self.problems))
+
+
+def describe_value(value: Any) -> str:
+    """How a message names the value it got, with its JSON type: ``string "2"``, ``integer 0``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"integer {value}"
+    if isinstance(value, float):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"string {json.dumps(shown)}"
+    if isinstance(value, AbcMapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: a walk over the generated schema, defaulting as it goes
+# ---------------------------------------------------------------------------------------------
+_TYPE_WORDS = {"integer": "an integer", "string": "a string", "boolean": "a boolean (true or false)",
+               "object": "a mapping", "array": "a list", "number": "a number"}
+
+
+def _has_type(value: Any, json_type: str) -> bool:
+    if json_type == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if json_type == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if json_type == "string":
+        return isinstance(value, str)
+    if json_type == "boolean":
+        return isinstance(value, bool)
+    if json_type == "object":
+        return isinstance(value, AbcMapping)
+    if json_type == "array":
+        return isinstance(value, (list, tuple))
+    raise ValueError(f"unknown OpenAPI type {json_type!r}")
+
+
+class _SchemaWalker:
+    """Checks a value against a structural schema and returns it defaulted (a new plain copy)."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        # (path of the object, its rules' CEL, the defaulted object): run after the walk.
+        self.rule_sites: list[tuple[str, list[str], dict]] = []
+
+    def problem(self, path: str, message: str) -> None:
+        self.problems.append(Problem(path, message))
+
+    def walk(self, schema: Mapping[str, Any], value: Any, path: str) -> Any:
+        if schema.get("x-kubernetes-int-or-string"):
+            if not (_has_type(value, "integer") or _has_type(value, "string")):
+                self.problem(path, f"must be an integer or a string, got {describe_value(value)}"
+                             + _quote_hint(value))
+                return value
+        elif "type" in schema and not _has_type(value, schema["type"]):
+            self.problem(path, f"must be {_TYPE_WORDS[schema['type']]}, got {describe_value(value)}"
+                         + (_quote_hint(value) if schema["type"] == "string" else ""))
+            return value
+        if isinstance(value, AbcMapping):
+            return self._walk_object(schema, value, path)
+        if isinstance(value, (list, tuple)):
+            return self._walk_array(schema, value, path)
+        self._check_scalar(schema, value, path)
+        return value
+
+    def _walk_object(self, schema: Mapping[str, Any], value: Mapping, path: str) -> dict:
+        properties = schema.get("properties", {})
+        additional = schema.get("additionalProperties")
+        preserve = schema.get("x-kubernetes-preserve-unknown-fields", False)
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                self.problem(path, f"keys must be strings, got {describe_value(key)} (quote it)")
+                continue
+            child = f"{path}.{key}" if path else key
+            if key in properties:
+                # The API server prunes a null field (then defaults it): null means "not set".
+                if item is not None:
+                    out[key] = self.walk(properties[key], item, child)
+            elif isinstance(additional, AbcMapping):
+                out[key] = self.walk(additional, item, child)
+            elif preserve:
+                out[key] = copy.deepcopy(item)
+            else:
+                self.problem(child, "unknown field")
+        for key, prop in properties.items():
+            if key in out:
+                continue
+            child = f"{path}.{key}" if path else key
+            if "default" in prop:
+                out[key] = self.walk(prop, copy.deepcopy(prop["default"]), child)
+            elif key in schema.get("required", ()):
+                self.problem(child, "required")
+        if "x-kubernetes-validations" in schema:
+            self.rule_sites.append((path, [r["rule"] for r in schema["x-kubernetes-validations"]], out))
+        return out
+
+    def _walk_array(self, schema: Mapping[str, Any], value: list | tuple, path: str) -> list:
+        items = schema.get("items", {})
+        out = [self.walk(items, item, f"{path}[{i}]") for i, item in enumerate(value)]
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            self.problem(path, f"must have at least {_count(schema['minItems'], 'item')}, got {len(value)}")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            self.problem(path, f"must have at most {_count(schema['maxItems'], 'item')}, got {len(value)}")
+        if schema.get("x-kubernetes-list-type") == "set":
+            seen: list[Any] = []
+            for i, item in enumerate(value):
+                if item in seen:
+                    self.problem(f"{path}[{i}]", f"duplicate value {json.dumps(item)}: "
+                                 "each value may appear once")
+                seen.append(item)
+        return out
+
+    def _check_scalar(self, schema: Mapping[str, Any], value: Any, path: str) -> None:
+        if "enum" in schema and value not in schema["enum"]:
+            allowed = ", ".join(str(v) for v in schema["enum"])
+            self.problem(path, f"must be one of {allowed}, got {value!r}")
+            return
+        if isinstance(value, str):
+            if "minLength" in schema and len(value) < schema["minLength"]:
+                self.problem(path, f"must be at least {_count(schema['minLength'], 'character')} long, "
+                             f"got {len(value)}")
+            if "maxLength" in schema and len(value) > schema["maxLength"]:
+                self.problem(path, f"must be at most {_count(schema['maxLength'], 'character')} long, "
+                             f"got {len(value)}")
+            if "pattern" in schema and re.search(schema["pattern"], value) is None:
+                self.problem(path, f"must match the pattern {schema['pattern']}, got {value!r}")
+        elif not isinstance(value, bool) and isinstance(value, (int, float)):
+            if "minimum" in schema and value < schema["minimum"]:
+                self.problem(path, f"must be >= {schema['minimum']}, got {value}")
+            if "maximum" in schema and value > schema["maximum"]:
+                self.problem(path, f"must be <= {schema['maximum']}, got {value}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _quote_hint(value: Any) -> str:
+    # YAML reads 1.0, 8 and yes as numbers/booleans; a string field needs them quoted.
+    if isinstance(value, (bool, int, float)):
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        return f' (quote it in YAML: "{shown}")'
+    return ""
+
+
+def _rules_by_cel() -> dict[str, spec.Rule]:
+    return {rule.cel: rule for rule in all_rules()}
+
+
+def _run_rules(sites: list[tuple[str, list[str], dict]], rules: Mapping[str, spec.Rule]) -> list[Problem]:
+    problems = []
+    for path, cels, value in sites:
+        for cel in cels:
+            rule = rules[cel]
+            if not rule.check(value):
+                problems.append(Problem(_join_path(path, rule.field_path), rule.message))
+    return problems
+
+
+def _join_path(base: str, relative: Optional[str]) -> str:
+    relative = (relative or "").lstrip(".")
+    if base and relative:
+        return f"{base}.{relative}"
+    return base or relative
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole object
+# ---------------------------------------------------------------------------------------------
+def defaulted_manifest(obj: Any) -> tuple[dict, list[Problem]]:
+    """Check ``obj`` and return (a defaulted plain copy of it, every problem found).
+
+    ``metadata`` is ObjectMeta (the API server's to check); only ``name``, ``namespace`` and
+    ``labels`` are looked at here, and ``status`` is ignored.
+    """
+    if not isinstance(obj, AbcMapping):
+        return {}, [Problem("", f"a DDPJob must be a mapping (apiVersion, kind, metadata, spec), "
+                                f"got {describe_value(obj)}")]
+    kind = obj.get("kind")
+    if kind != contract.KIND:
+        found = "kind is missing" if kind is None else f"got kind {kind!r}"
+        return {}, [Problem("kind", f"must be {contract.KIND} ({found})")]
+    problems: list[Problem] = []
+    if obj.get("apiVersion") != API_VERSION:
+        problems.append(Problem("apiVersion", f"must be {API_VERSION}, got {describe_value(obj.get('apiVersion'))}"))
+    for key in obj:
+        if key not in TOP_LEVEL_FIELDS:
+            problems.append(Problem(str(key), "unknown field"))
+    metadata = _check_metadata(obj.get("metadata"), problems)
+
+    walker = _SchemaWalker()
+    spec_value = obj.get("spec")
+    if spec_value is None:
+        problems.append(Problem("spec", "required"))
+        spec_out: dict = {}
+    else:
+        spec_out = walker.walk(_spec_schema(), spec_value, "spec")
+    problems += walker.problems
+    out = {"apiVersion": obj.get("apiVersion"), "kind": kind, "metadata": metadata, "spec": spec_out}
+    # Cross-field rules assume well-typed, defaulted input: run them only on an otherwise valid
+    # object (the API server, too, reports schema errors before it gets to CEL).
+    if not problems:
+        rules = _rules_by_cel()
+        problems += _run_rules(walker.rule_sites, rules)
+        problems += _run_rules([("", [r.cel for r in spec.OBJECT_RULES], out)], rules)
+    return out, problems
+
+
+def _check_metadata(metadata: Any, problems: list[Problem]) -> dict:
+    if metadata is None:
+        problems.append(Problem("metadata.name", "required"))
+        return {}
+    if not isinstance(metadata, AbcMapping):
+        problems.append(Problem("metadata", f"must be a mapping, got {describe_value(metadata)}"))
+        return {}
+    out = copy.deepcopy(dict(metadata))
+    name = metadata.get("name")
+    if name is None:
+        hint = " (generateName is not supported: the name decides the pods' names)" \
+            if "generateName" in metadata else ""
+        problems.append(Problem("metadata.name", "required" + hint))
+    elif not isinstance(name, str):
+        problems.append(Problem("metadata.name", f"must be a string, got {describe_value(name)}"))
+    namespace = metadata.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        problems.append(Problem("metadata.namespace", f"must be a string, got {describe_value(namespace)}"))
+    labels = metadata.get("labels")
+    if labels is not None:
+        walker = _SchemaWalker()
+        out["labels"] = walker.walk({"type": "object", "additionalProperties": {"type": "string"}},
+                                    labels, "metadata.labels")
+        problems += walker.problems
+    return out
+
+
+def validate_ddpjob(obj: Any) -> list[Problem]:
+    """Every problem with a DDPJob manifest (an empty list when it is valid)."""
+    return defaulted_manifest(obj)[1]
+
+
+def parse_ddpjob(obj: Any, *, default_namespace: str = "default") -> spec.DDPJob:
+    """A manifest (or the operator's custom object) -> a validated, defaulted ``spec.DDPJob``.
+
+    Raises ``InvalidDDPJob`` listing every problem. ``default_namespace`` is used when the
+    manifest names none (a file given to ``ddpjob validate``/``render``/``run``).
+    """
+    manifest, problems = defaulted_manifest(obj)
+    if problems:
+        raise InvalidDDPJob(problems)
+    metadata = manifest["metadata"]
+    return spec.DDPJob(
+        name=metadata["name"],
+        namespace=metadata.get("namespace") or default_namespace,
+        uid=metadata.get("uid"),
+        spec=_build(spec.DDPJobSpec, manifest["spec"]),
+        labels=dict(metadata.get("labels") or {}),
+    )
+
+
+def _build(cls: type, data: Mapping[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    inner = _unwrap_optional(hint)
+    if dataclasses.is_dataclass(inner):
+        return _build(inner, value)
+    if typing.get_origin(inner) is tuple:
+        return tuple(value)
+    return value
+
+
+def to_manifest(job: spec.DDPJob) -> dict:
+    """A ``spec.DDPJob`` back to a manifest dict (every default spelled out)."""
+    metadata: dict[str, Any] = {"name": job.name, "namespace": job.namespace}
+    if job.labels:
+        metadata["labels"] = dict(job.labels)
+    if job.uid:
+        metadata["uid"] = job.uid
+    return {"apiVersion": API_VERSION, "kind": contract.KIND, "metadata": metadata,
+            "spec": to_plain(job.spec)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m ddpjob.schema``: print the generated spec schema as YAML."""
+    from ddpjob import crd  # crd imports this module
+
+    sys.stdout.write(crd.to_yaml(spec_schema()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

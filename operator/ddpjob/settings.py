@@ -1,0 +1,58 @@
+"""Operator settings, read once from the environment (prefix ``DDPJOB_OPERATOR_``).
+
+Namespace scoping is not here: it is kopf's ``--namespace`` / ``--all-namespaces`` flag (the
+Deployment passes it from its own environment), so one place decides what is watched.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Mapping, Optional
+
+ENV_PREFIX = "DDPJOB_OPERATOR_"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    create_workers: int = 32
+    """Threads that create/delete pods at once: a 256-pod gang is 256 overlapping POSTs,
+    never 256 sequential round trips (the API server, not the operator, is the limit)."""
+    reconcile_workers: int = 8
+    """Threads running reconcile passes (one pass per job at a time; many jobs in parallel)."""
+    coalesce_seconds: float = 0.05
+    """After a pod event wakes a job, wait this long for its siblings' events, so a gang that
+    changes at once costs one pass and one status write, not one per pod."""
+    force_delete_after_seconds: float = 60.0
+    """A pod still Terminating this long after its deletionTimestamp (which already includes the
+    grace period) is force-deleted with grace 0: its node is gone and will never confirm
+    (kubeflow/trainer#2072: jobs stuck Restarting forever behind such a pod)."""
+    error_backoff_seconds: float = 1.0
+    """First retry delay after a reconcile error; doubles per consecutive error."""
+    error_backoff_max_seconds: float = 60.0
+    request_timeout_seconds: float = 30.0
+    """Timeout of each Kubernetes API request the operator makes itself."""
+    kubeconfig: Optional[str] = None
+    """Kubeconfig for the operator's own requests (default: in-cluster, then $KUBECONFIG)."""
+
+
+def load_settings(environ: Optional[Mapping[str, str]] = None) -> OperatorSettings:
+    """Settings from ``DDPJOB_OPERATOR_<FIELD_NAME_UPPERCASE>`` variables; a bad value is an error
+    that names the variable (the operator should refuse to start, not guess)."""
+    env = os.environ if environ is None else environ
+    values = {}
+    for f in fields(OperatorSettings):
+        name = ENV_PREFIX + f.name.upper()
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        kind = type(f.default) if f.default is not None else str
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ValueError(f"{name}: expected {kind.__name__}, got {raw!r}") from None
+        if isinstance(value, (int, float)) and value <= 0 and f.name != "force_delete_after_seconds":
+            raise ValueError(f"{name}: must be > 0, got {raw!r}")
+        if isinstance(value, (int, float)) and value < 0:
+            raise ValueError(f"{name}: must be >= 0, got {raw!r}")
+        values[f.name] = value
+    return OperatorSettings(**values)

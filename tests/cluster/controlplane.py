@@ -1,0 +1,197 @@
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler on free 127.0.0.1 ports.
+
+The binaries come from scripts/build-control-plane.sh (built once, cached by version). Flags
+follow what envtest and kwokctl use; see docs/testing.md for why each non-default one is set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from .certs import Pki, generate_pki
+from .kube import write_kubeconfig
+from .processes import ManagedProcess, PidFile, wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+def control_plane_binaries() -> Path:
+    """The folder with the four binaries: $DDPJOB_CONTROL_PLANE_BIN, or whatever the build
+    script prints (it builds what is missing, which takes minutes the first time)."""
+    override = os.environ.get("DDPJOB_CONTROL_PLANE_BIN")
+    if override:
+        folder = Path(override)
+    else:
+        result = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"{BUILD_SCRIPT} failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+            )
+        folder = Path(result.stdout.strip().splitlines()[-1])
+    missing = [c for c in COMPONENTS if not (folder / c).is_file()]
+    if missing:
+        raise RuntimeError(f"{folder} lacks {', '.join(missing)}")
+    return folder
+
+
+def free_port() -> int:
+    """A port the kernel just handed out on 127.0.0.1: free unless someone races us for it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ControlPlane:
+    """Start with ``start()``, stop with ``stop()``; ``kubeconfig`` is an admin kubeconfig."""
+
+    def __init__(self, run_dir: Path, bin_dir: Path, pidfile: PidFile):
+        self.run_dir = run_dir
+        self.bin_dir = bin_dir
+        self.pidfile = pidfile
+        self.log_dir = run_dir / "logs"
+        # etcd wants a fast disk; /dev/shm is tmpfs on Linux. Keyed by run so parallel
+        # checkouts cannot share it.
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else run_dir
+        self.etcd_dir = shm / f"ddpjob-etcd-{run_dir.name}"
+        self.processes: list[ManagedProcess] = []
+        self.pki: Pki | None = None
+        self.server = ""
+        self.kubeconfig = run_dir / "admin.kubeconfig"
+        self.startup_seconds = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self, timeout: float = 90) -> "ControlPlane":
+        started = time.monotonic()
+        self.pki = pki = generate_pki(self.run_dir / "pki")
+        etcd_client_port, etcd_peer_port, apiserver_port = free_port(), free_port(), free_port()
+        self.server = f"https://127.0.0.1:{apiserver_port}"
+        write_kubeconfig(
+            self.kubeconfig, self.server, pki.ca_cert, user="admin",
+            client_cert=pki.admin_cert, client_key=pki.admin_key,
+        )
+        shutil.rmtree(self.etcd_dir, ignore_errors=True)
+        etcd_url = f"http://127.0.0.1:{etcd_client_port}"
+        self._start("etcd", [
+            "--name=testbed",
+            f"--data-dir={self.etcd_dir}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}",
+            f"--initial-cluster=testbed=http://127.0.0.1:{etcd_peer_port}",
+            "--unsafe-no-fsync=true",  # a test cluster lives minutes; durability is moot
+            "--log-level=warn",
+        ])
+        self._start("kube-apiserver", [
+            f"--etcd-servers={etcd_url}",
+            # Without these two it looks for a default route and exits on an offline host.
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={apiserver_port}",
+            f"--tls-cert-file={pki.apiserver_cert}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--authorization-mode=Node,RBAC",
+            # As on real clusters, the API server itself admits privileged pods and Pod
+            # Security admission (on by default) decides per namespace label.
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+        ])
+        wait_for(self._apiserver_ready, timeout, f"kube-apiserver /readyz at {self.server}")
+        self._start("kube-controller-manager", [
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--secure-port=0",  # nothing scrapes its metrics; saves a port and a cert
+            f"--root-ca-file={pki.ca_cert}",
+            f"--service-account-private-key-file={pki.service_account_key}",
+            # Each controller acts as its own ServiceAccount, under the bootstrap RBAC
+            # roles, as on a kubeadm cluster.
+            "--use-service-account-credentials=true",
+            f"--cluster-signing-cert-file={pki.ca_cert}",
+            f"--cluster-signing-key-file={pki.ca_key}",
+            # Removes the not-ready taint of a new Node within a second of it reporting
+            # Ready, instead of up to five.
+            "--node-monitor-period=1s",
+            "--v=1",
+        ])
+        self._start("kube-scheduler", [
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--v=1",
+        ])
+        wait_for(
+            self._default_service_account_exists, timeout,
+            "the `default` ServiceAccount (made by kube-controller-manager)",
+        )
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop(grace_seconds=5)
+        self.processes.clear()
+        shutil.rmtree(self.etcd_dir, ignore_errors=True)
+
+    def check_running(self) -> None:
+        for process in self.processes:
+            process.check_running()
+
+    # -- helpers --------------------------------------------------------------------------
+    def _start(self, component: str, flags: list[str]) -> ManagedProcess:
+        process = ManagedProcess(
+            component,
+            [str(self.bin_dir / component), *flags],
+            self.log_dir / f"{component}.log",
+            pidfile=self.pidfile,
+        ).start()
+        self.processes.append(process)
+        return process
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        assert self.pki is not None
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return context
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        """A raw GET as admin, for probes that should not depend on the client library."""
+        request = urllib.request.Request(self.server + path)
+        try:
+            with urllib.request.urlopen(request, context=self._ssl_context(), timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def _apiserver_ready(self) -> bool:
+        self.check_running()
+        status, _ = self.get("/readyz")
+        return status == 200
+
+    def _default_service_account_exists(self) -> bool:
+        self.check_running()
+        status, _ = self.get("/api/v1/namespaces/default/serviceaccounts/default")
+        return status == 200
+
+    def version(self) -> str:
+        status, body = self.get("/version")
+        return json.loads(body)["gitVersion"]

@@ -1,0 +1,108 @@
+"""The same suite on a kind cluster (DDPJOB_E2E_TARGET=kind): the current kube context, the
+operator as the Deployment from manifests/, pod logs from ``kubectl logs``.
+
+scripts/e2e-kind.sh creates the cluster, builds and loads the images and applies
+manifests/; here the fixtures only check that it is there and use it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .kube import Kubectl
+from .operator_runner import OPERATOR_NAMESPACE, apply_manifests
+from .processes import wait_for
+
+SKIP_PREFIX = "kind target needs a Docker engine and a kind cluster: "
+OPERATOR_DEPLOYMENT = os.environ.get("DDPJOB_OPERATOR_DEPLOYMENT", "ddpjob-operator")
+OPERATOR_SELECTOR = os.environ.get("DDPJOB_OPERATOR_SELECTOR",
+                                   "app.kubernetes.io/name=ddpjob-operator")
+
+
+def kind_unavailable_reason(context: str | None) -> str | None:
+    """Why the kind target cannot run here, or None if it can."""
+    if shutil.which("docker") is None:
+        return SKIP_PREFIX + "`docker` is not on PATH"
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        return SKIP_PREFIX + "`docker info` fails (no Docker engine running)"
+    if shutil.which("kind") is None:
+        return SKIP_PREFIX + "`kind` is not on PATH"
+    probe = Kubectl(None, context)("version", "-o", "json", check=False, timeout=30)
+    if probe.returncode != 0:
+        return SKIP_PREFIX + f"the kube context is unreachable: {probe.stderr.strip()[:300]}"
+    return None
+
+
+def node_names(kubectl: Kubectl) -> list[str]:
+    nodes = json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    return [n["metadata"]["name"] for n in nodes]
+
+
+class KindOperator:
+    """The operator Deployment, with the same handle as OperatorProcess."""
+
+    def __init__(self, kubectl: Kubectl, log_path: Path):
+        self.kubectl = kubectl
+        self.log_path = log_path
+
+    def start(self, timeout: float = 180) -> "KindOperator":
+        apply_manifests(self.kubectl, include_workloads=True)
+        self.kubectl("scale", f"deployment/{OPERATOR_DEPLOYMENT}", "-n", OPERATOR_NAMESPACE,
+                     "--replicas=1")
+        self.kubectl("rollout", "status", f"deployment/{OPERATOR_DEPLOYMENT}",
+                     "-n", OPERATOR_NAMESPACE, f"--timeout={int(timeout)}s", timeout=timeout + 30)
+        return self
+
+    def _pods(self) -> list[dict]:
+        result = self.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_SELECTOR,
+                              "-o", "json")
+        return json.loads(result.stdout)["items"]
+
+    def kill(self) -> None:
+        """Force-delete the operator pod: the closest a cluster gets to SIGKILL."""
+        self._save_logs()
+        for pod in self._pods():
+            self.kubectl("delete", "pod", pod["metadata"]["name"], "-n", OPERATOR_NAMESPACE,
+                         "--grace-period=0", "--force", "--wait=false")
+
+    def stop(self) -> None:
+        self._save_logs()
+        self.kubectl("scale", f"deployment/{OPERATOR_DEPLOYMENT}", "-n", OPERATOR_NAMESPACE,
+                     "--replicas=0", check=False)
+
+    def restart(self, timeout: float = 180) -> "KindOperator":
+        old = {p["metadata"]["uid"] for p in self._pods()}
+        self.kill()
+        wait_for(lambda: any(p["metadata"]["uid"] not in old and _ready(p)
+                             for p in self._pods()),
+                 timeout, "a new operator pod Ready", interval=1)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return any(_ready(p) for p in self._pods())
+
+    def logs(self) -> str:
+        saved = self.log_path.read_text() if self.log_path.exists() else ""
+        current = self.kubectl("logs", "-n", OPERATOR_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}",
+                               "--tail=-1", check=False).stdout
+        return saved + current
+
+    def _save_logs(self) -> None:
+        """A killed pod's log goes with it; keep it, as the local operator log is kept."""
+        text = self.kubectl("logs", "-n", OPERATOR_NAMESPACE,
+                            f"deployment/{OPERATOR_DEPLOYMENT}", "--tail=-1", check=False).stdout
+        if text:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "a") as handle:
+                handle.write(f"--- saved {time.strftime('%H:%M:%S')}\n{text}")
+
+
+def _ready(pod: dict) -> bool:
+    return pod["metadata"].get("deletionTimestamp") is None and any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in pod.get("status", {}).get("conditions", []))

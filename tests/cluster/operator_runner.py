@@ -1,0 +1,141 @@
+"""The operator under test, run as in production: applied manifests (CRD, RBAC), then
+``kopf run`` authenticated as the ServiceAccount from manifests/, so a verb missing from the
+ClusterRole fails a test (the admin credentials the test bed itself uses would hide it).
+
+Locally the operator is a host process (the API server listens on the host's 127.0.0.1,
+which pods cannot reach); on kind it is the Deployment from manifests/ (kind.py).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from .controlplane import REPO_ROOT, free_port
+from .kube import Kubectl, write_kubeconfig
+from .processes import ManagedProcess, wait_for
+
+MANIFESTS_DIR = REPO_ROOT / "manifests"
+OPERATOR_NAMESPACE = "ddpjob-system"
+OPERATOR_SERVICE_ACCOUNT = "ddpjob-operator"
+# The one place to change how the operator is started (or set $DDPJOB_OPERATOR_COMMAND).
+# {python} is this interpreter; {liveness} is kopf's health endpoint, which the fixture waits
+# for before a test may count on the operator.
+DEFAULT_OPERATOR_COMMAND = (
+    "{python} -m kopf run --all-namespaces --liveness={liveness} -m ddpjob.handlers"
+)
+TOKEN_DURATION = "24h"
+
+
+def operator_command() -> str:
+    return os.environ.get("DDPJOB_OPERATOR_COMMAND", DEFAULT_OPERATOR_COMMAND)
+
+
+def render_manifests(directory: Path = MANIFESTS_DIR) -> list[dict]:
+    """Every object under manifests/: ``kubectl kustomize`` when there is a
+    kustomization.yaml, else each *.yaml file (CRDs first, so a later CR finds its kind)."""
+    if (directory / "kustomization.yaml").exists():
+        rendered = Kubectl(None)("kustomize", str(directory)).stdout
+        documents = list(yaml.safe_load_all(rendered))
+    else:
+        documents = []
+        for path in sorted(directory.glob("*.yaml")):
+            documents += list(yaml.safe_load_all(path.read_text()))
+    documents = [d for d in documents if d]
+    return sorted(documents, key=lambda d: d.get("kind") != "CustomResourceDefinition")
+
+
+def apply_manifests(kubectl: Kubectl, *, include_workloads: bool) -> list[dict]:
+    """Apply manifests/ and wait until its CRDs are established. Without
+    ``include_workloads`` the operator's Deployment is left out (the local test bed runs the
+    operator as a host process instead)."""
+    documents = render_manifests()
+    if not include_workloads:
+        documents = [d for d in documents if d.get("kind") not in ("Deployment", "Pod")]
+    if not documents:
+        raise RuntimeError(f"no manifests found under {MANIFESTS_DIR}")
+    kubectl.apply_yaml(documents, "--server-side", "--force-conflicts")
+    for crd in (d for d in documents if d.get("kind") == "CustomResourceDefinition"):
+        kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                f"crd/{crd['metadata']['name']}")
+    return documents
+
+
+def service_account_kubeconfig(
+    kubectl: Kubectl, server: str, ca_cert: Path, path: Path,
+    namespace: str = OPERATOR_NAMESPACE, service_account: str = OPERATOR_SERVICE_ACCOUNT,
+) -> Path:
+    """A kubeconfig with a TokenRequest token of that ServiceAccount: what the operator's
+    pod would get mounted."""
+    token = kubectl("create", "token", service_account, "-n", namespace,
+                    f"--duration={TOKEN_DURATION}").stdout.strip()
+    return write_kubeconfig(path, server, ca_cert, user=f"{namespace}-{service_account}",
+                            token=token, namespace=namespace)
+
+
+class OperatorProcess:
+    """The operator as a host process: ``start()``, ``kill()`` (SIGKILL: a crash),
+    ``restart()``, ``stop()``, ``logs()``; its output accumulates in ``log_path``."""
+
+    def __init__(self, command: str, kubeconfig: Path, log_path: Path, *,
+                 extra_pythonpath: str | None = None, register=None):
+        self.command_template = command
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.extra_pythonpath = extra_pythonpath
+        self.register = register  # called with each ManagedProcess, for session teardown
+        self.process: ManagedProcess | None = None
+        self.liveness_url: str | None = None
+
+    def _argv(self) -> list[str]:
+        self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
+        command = self.command_template.format(python=sys.executable,
+                                               liveness=self.liveness_url)
+        if "{liveness}" not in self.command_template:
+            self.liveness_url = None
+        return shlex.split(command)
+
+    def start(self, timeout: float = 60) -> "OperatorProcess":
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        if self.extra_pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (self.extra_pythonpath, os.environ.get("PYTHONPATH")) if p)
+        self.process = ManagedProcess("operator", self._argv(), self.log_path, env=env).start()
+        if self.register:
+            self.register(self.process)
+        if self.liveness_url:
+            wait_for(self._alive, timeout, f"operator liveness at {self.liveness_url}",
+                     interval=0.2)
+        return self
+
+    def _alive(self) -> bool:
+        assert self.process is not None
+        self.process.check_running()
+        with urllib.request.urlopen(self.liveness_url, timeout=2) as response:
+            return response.status == 200
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(grace_seconds=10)
+
+    def restart(self, timeout: float = 60) -> "OperatorProcess":
+        self.kill()
+        return self.start(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.running()
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""

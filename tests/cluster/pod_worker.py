@@ -1,0 +1,302 @@
+"""One pod on a test node: its network, volumes and process, from start to deletion.
+
+Like a kubelet with a container runtime: SIGTERM goes to the container's main process only
+(torchrun, say, which forwards it to its workers); when the grace period ends, or when the
+main process exits, everything left in the pod's network namespace is SIGKILLed, as a
+runtime kills the container's cgroup.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import pod_status
+from .pod_env import ConfigError, Fetch, NotReadyYet, container_argv, container_environment
+from .pod_network import Bridge, PodNetwork, hosts_file, kill_netns_processes, resolv_conf
+from .pod_volumes import (
+    MountpointRegistry, container_mounts, memory_volumes_of, working_directory,
+)
+from .rest import ApiError, RestClient
+
+log = logging.getLogger(__name__)
+
+POD_INIT = Path(__file__).with_name("pod_init.py")
+SHM_SIZE = "64m"  # what Docker and containerd give a container's /dev/shm
+RESTART_BACKOFF_CAP_SECONDS = 10.0
+
+
+@dataclass
+class AgentContext:
+    """What every pod worker shares."""
+
+    client: RestClient
+    bridge: Bridge
+    pods_dir: Path
+    registry: MountpointRegistry
+    fetch: Fetch
+    base_env: dict[str, str]
+
+
+class PodWorker(threading.Thread):
+    def __init__(self, context: AgentContext, pod: dict):
+        metadata = pod["metadata"]
+        super().__init__(name=f"pod {metadata['namespace']}/{metadata['name']}", daemon=True)
+        self.context = context
+        self.pod = pod
+        self.namespace = metadata["namespace"]
+        self.pod_name = metadata["name"]
+        self.label = f"{self.namespace}/{self.pod_name}"
+        self.uid = metadata["uid"]
+        self.container = pod["spec"]["containers"][0]
+        self.status_path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}/status"
+        self.pod_dir = context.pods_dir / self.namespace / self.pod_name / self.uid
+        self.log_path = self.pod_dir / "container.log"
+        self.host_ip = context.bridge.gateway
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._network: PodNetwork | None = None
+        self._terminating = threading.Event()
+        self._gone = False  # deleted from the API: no more status, no delete call
+        self._kill_timer: threading.Timer | None = None
+        self.done = threading.Event()
+
+    # -- requests from the agent's pod watch -----------------------------------------------
+    def terminate(self, grace_seconds: int) -> None:
+        """deletionTimestamp appeared: SIGTERM now, SIGKILL after the grace period."""
+        with self._lock:
+            if self._terminating.is_set():
+                return
+            self._terminating.set()
+            finished = self.done.is_set()  # ended on its own already: only the delete is left
+            process = self._process
+            if process is not None and process.poll() is None:
+                log.info("%s: SIGTERM, grace %ss", self.label, grace_seconds)
+                process.send_signal(signal.SIGTERM)
+                self._kill_timer = threading.Timer(grace_seconds, self._kill_everything)
+                self._kill_timer.daemon = True
+                self._kill_timer.start()
+        if finished and not self._gone:
+            self._delete_from_api()
+
+    def vanished(self) -> None:
+        """The pod is gone from the API (force-deleted): kill at once."""
+        self._gone = True
+        self.terminate(0)
+        self._kill_everything()
+
+    # -- the pod's life -------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:  # noqa: BLE001
+            log.exception("%s: worker failed", self.label)
+        finally:
+            self._cleanup()
+            with self._lock:
+                self.done.set()
+                deleting = self._terminating.is_set()
+            if deleting and not self._gone:
+                self._delete_from_api()
+
+    def _run(self) -> None:
+        self.pod_dir.mkdir(parents=True, exist_ok=True)
+        if self.pod["spec"].get("initContainers"):
+            self._fail_to_start("initContainers are not supported by the test node agent")
+            return
+        restarts = 0
+        last_state = None
+        while not self._terminating.is_set():
+            state = self._run_container_once(restarts, last_state)
+            if state is None:  # terminated before it started
+                return
+            exit_code = state["terminated"]["exitCode"]
+            policy = self.pod["spec"].get("restartPolicy", "Always")
+            restart = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
+            final = not restart or self._terminating.is_set()
+            self._patch(pod_status.terminated_patch(self.container, state, restarts=restarts,
+                                                    final=final))
+            if final:
+                return
+            restarts += 1
+            last_state = state
+            self._terminating.wait(min(2 ** restarts / 2, RESTART_BACKOFF_CAP_SECONDS))
+
+    def _run_container_once(self, restarts: int, last_state: dict | None) -> dict | None:
+        if self._network is None:
+            self._network = self._create_network()
+        spec = self._wait_for_container_spec(self._network.ip)
+        if spec is None:
+            return None
+        start_error_file = self.pod_dir / "start-error"
+        start_error_file.unlink(missing_ok=True)
+        spec["start_error_file"] = str(start_error_file)
+        spec_path = self.pod_dir / "container.json"
+        spec_path.write_text(json.dumps(spec))
+        argv = ["ip", "netns", "exec", self._network.netns,
+                sys.executable, "-I", "-S", str(POD_INIT), str(spec_path)]
+        with self._lock:
+            if self._terminating.is_set():
+                return None
+            with open(self.log_path, "ab") as log_file:
+                # A file, not a pipe: a chatty process can never block on a full pipe.
+                self._process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    start_new_session=True, close_fds=True,
+                )
+        started_at = pod_status.now()
+        container_id = f"testbed://{self.uid}/{restarts}"
+        log.info("%s: started pid %s at %s", self.label, self._process.pid,
+                 self._network.ip)
+        self._patch(pod_status.running_patch(
+            self.container, pod_ip=self._network.ip, host_ip=self.host_ip,
+            started_at=started_at, restarts=restarts, container_id=container_id,
+            last_state=last_state))
+        returncode = self._process.wait()
+        # The main process is gone: nothing else of the container may outlive it.
+        kill_netns_processes(self._network.netns)
+        with self._lock:
+            if self._kill_timer is not None:
+                self._kill_timer.cancel()
+        exit_code = 128 - returncode if returncode < 0 else returncode
+        if start_error_file.exists():
+            reason, message = "StartError", start_error_file.read_text()
+        else:
+            reason = pod_status.exit_reason(exit_code)
+            message = pod_status.termination_message(
+                (self.pod_dir / "termination-log").read_bytes(),
+                _tail(self.log_path, 8192),
+                exit_code=exit_code,
+                policy=self.container.get("terminationMessagePolicy", "File"),
+            )
+        log.info("%s: exited %s (%s)", self.label, exit_code, reason)
+        return pod_status.terminated_state(exit_code, reason, message, started_at,
+                                           pod_status.now(), container_id)
+
+    def _create_network(self) -> PodNetwork:
+        spec = self.pod["spec"]
+        hostname = (spec.get("hostname") or self.pod_name)[:63]
+        return self.context.bridge.create_pod_network(
+            netns=f"ddpjob-{self.uid[:23]}",
+            hosts=hosts_file(hostname, spec.get("subdomain"), self.namespace),
+            resolv_conf=resolv_conf(self.context.bridge.gateway, self.namespace),
+        )
+
+    def _wait_for_container_spec(self, pod_ip: str) -> dict | None:
+        """Resolve env, argv and volumes; while a referenced object is missing, report
+        ContainerCreating and retry, as a kubelet does."""
+        reported = False
+        while not self._terminating.is_set():
+            try:
+                return self._container_spec(pod_ip)
+            except NotReadyYet as error:
+                if not reported:
+                    log.info("%s: waiting: %s", self.label, error)
+                    self._patch(pod_status.waiting_patch(
+                        self.container, self.host_ip, "ContainerCreating", str(error)))
+                    reported = True
+                self._terminating.wait(1)
+            except ConfigError as error:
+                self._fail_to_start(str(error))
+                return None
+        return None
+
+    def _container_spec(self, pod_ip: str) -> dict:
+        env = container_environment(
+            self.pod, self.container, pod_ip=pod_ip, host_ip=self.host_ip,
+            base={**self.context.base_env,
+                  "HOSTNAME": (self.pod["spec"].get("hostname") or self.pod_name)[:63]},
+            fetch=self.context.fetch,
+        )
+        mounts, _ = container_mounts(self.pod, self.container, self.pod_dir,
+                                     self.context.fetch, pod_ip, self.host_ip,
+                                     self.context.registry)
+        shm_is_a_volume = any(m["target"].rstrip("/") == "/dev/shm" or
+                              m["target"].startswith("/dev/shm/") for m in mounts)
+        return {
+            "hostname": env["HOSTNAME"],
+            "mounts": mounts,
+            "shm_size": None if shm_is_a_volume else SHM_SIZE,
+            "workdir": working_directory(self.container, self.pod_dir / "workdir",
+                                         self.context.registry),
+            "argv": container_argv(self.container, env),
+            "env": env,
+        }
+
+    def _fail_to_start(self, message: str) -> None:
+        log.warning("%s: cannot start: %s", self.label, message)
+        self._patch(pod_status.failed_to_start_patch(self.container, self.host_ip, message))
+
+    # -- helpers --------------------------------------------------------------------------
+    def _kill_everything(self) -> None:
+        with self._lock:
+            process, network = self._process, self._network
+        if process is not None and process.poll() is None:
+            try:
+                process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if network is not None:
+            kill_netns_processes(network.netns)
+
+    def _patch(self, patch: dict) -> None:
+        if self._gone:
+            return
+        try:
+            self.context.client.strategic_patch(self.status_path, patch)
+        except ApiError as error:
+            if error.status == 404:
+                self._gone = True
+            else:
+                log.warning("%s: status patch failed: %s", self.label, error)
+
+    def _delete_from_api(self) -> None:
+        """What the kubelet does once the containers are gone: the final, grace-0 delete
+        (the UID precondition spares a new pod that reuses the name)."""
+        try:
+            self.context.client.delete(
+                f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}",
+                body={"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}},
+            )
+        except ApiError as error:
+            if error.status not in (404, 409):
+                log.warning("%s: final delete failed: %s", self.label, error)
+
+    def _cleanup(self) -> None:
+        with self._lock:
+            if self._kill_timer is not None:
+                self._kill_timer.cancel()
+            network, self._network = self._network, None
+        if network is not None:
+            self.context.bridge.release(network)
+        shutil.rmtree(memory_volumes_of(self.uid), ignore_errors=True)
+
+
+def _tail(path: Path, size: int) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read()
+    except FileNotFoundError:
+        return b""
+
+
+def delete_finished_pod(client: RestClient, pod: dict) -> None:
+    """A pod that already ended (or never ran here) needs no shutdown, only the final delete."""
+    metadata = pod["metadata"]
+    try:
+        client.delete(
+            f"/api/v1/namespaces/{metadata['namespace']}/pods/{metadata['name']}",
+            body={"gracePeriodSeconds": 0, "preconditions": {"uid": metadata["uid"]}},
+        )
+    except ApiError as error:
+        if error.status not in (404, 409):
+            log.warning("final delete of %s failed: %s", metadata["name"], error)
+

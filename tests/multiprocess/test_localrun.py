@@ -1,0 +1,255 @@
+"""`ddpjob run` with real processes: real gloo training, failures, restarts, Ctrl-C.
+
+Each test runs `ddpjob run -f FILE` in a child process (the `run` subcommand's own parser and
+handler, so it does not depend on the other subcommands) and judges its exit code and output.
+Node programs are tiny `python -c` scripts except for the training tests. Kept small: the CI
+machine has 2 cores.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_DDPJOB = textwrap.dedent("""
+    import argparse, sys
+    from ddpjob import localrun
+    parser = argparse.ArgumentParser(prog="ddpjob")
+    localrun.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(sys.argv[1:])
+    sys.exit(args.handler(args))
+""")
+
+
+def ddpjob_run(*argv: str) -> list[str]:
+    return [sys.executable, "-c", RUN_DDPJOB, "run", *argv]
+
+
+def write_job(tmp_path: Path, node_script: str, *, nnodes=2, max_restarts=0, grace=5, **spec) -> Path:
+    job_spec = {"nnodes": nnodes, "image": "local", "command": ["python", "-c", textwrap.dedent(node_script)],
+                "failurePolicy": {"maxRestarts": max_restarts},
+                "template": {"spec": {"terminationGracePeriodSeconds": grace}}, **spec}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob",
+                                    "metadata": {"name": "t"}, "spec": job_spec}))
+    return path
+
+
+def run(manifest: Path, *extra: str, timeout=120, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(ddpjob_run("-f", str(manifest), *extra), cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    """A process exists and is not a zombie (a killed orphan may linger as one until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def pids_in(output: str, tag: str = "pid") -> list[int]:
+    return [int(line.split(f"{tag} ", 1)[1].split()[0]) for line in output.splitlines() if f" {tag} " in line]
+
+
+def test_plain_env_script_example_trains_on_two_nodes():
+    result = run(ROOT / "examples/ddpjob-plain-env.yaml", timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[node-0] rank 0/2 ok" in result.stdout
+    assert "[node-1] rank 1/2 ok" in result.stdout
+    assert "succeeded" in result.stderr
+
+
+@pytest.mark.skipif(not (ROOT / "examples/ddpjob.yaml").exists(), reason="examples/ddpjob.yaml does not exist yet")
+def test_readme_main_job_runs_through_the_ddpjob_command(tmp_path):
+    # The README's "run the main job": `ddpjob run -f examples/ddpjob.yaml`, via the real CLI.
+    result = subprocess.run([sys.executable, "-m", "ddpjob.cli", "run", "-f", str(ROOT / "examples/ddpjob.yaml"),
+                             "--workdir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "[node-0]" in result.stdout and "[node-1]" in result.stdout
+    assert "succeeded" in result.stderr
+
+
+TRAINER_ARGS = ["--model", "tiny-cnn", "--dataset", "fake", "--fake-size", "128", "--image-size", "16",
+                "--batch-size", "8", "--max-steps", "4", "--num-workers", "0", "--log-every", "1",
+                "--checkpoint-dir", "/checkpoints"]
+
+
+def write_trainer_job(tmp_path: Path, **spec) -> Path:
+    """2 nodes (x 2 processes) of the trainer, checkpoints in an emptyDir mounted at /checkpoints."""
+    manifest = tmp_path / "trainer.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "trainer"},
+        "spec": {"nnodes": 2, "nprocPerNode": 2, "image": "local", "failurePolicy": {"maxRestarts": 0},
+                 "args": TRAINER_ARGS, "volumeMounts": [{"name": "ckpt", "mountPath": "/checkpoints"}],
+                 "template": {"spec": {"volumes": [{"name": "ckpt", "emptyDir": {}}]}}, **spec}}))
+    return manifest
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ddptrainer.main") is None, reason="the trainer does not exist yet")
+def test_trainer_under_a_users_torchrun_command_needs_no_flags(tmp_path):
+    # torchrun reads --nnodes, --node-rank, --nproc-per-node, --master-addr/port from PET_*.
+    manifest = write_trainer_job(tmp_path, command=["torchrun", "--module", "ddptrainer.main"], nprocPerNode=1)
+    result = run(manifest, "--workdir", str(tmp_path), timeout=400)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "world_size=2" in result.stdout
+    assert "/volumes/ckpt" in result.stderr  # the emptyDir became a scratch directory
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ddptrainer.pod_entry") is None,
+                    reason="the trainer's pod entry point (ddptrainer.pod_entry) does not exist yet")
+def test_trainer_through_the_default_pod_entry_point(tmp_path):
+    result = run(write_trainer_job(tmp_path), "--workdir", str(tmp_path), timeout=400)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "world_size=4" in result.stdout
+
+
+def test_permanent_failure_fails_the_run_with_its_code_and_stops_the_other_node(tmp_path):
+    manifest = write_job(tmp_path, """
+        import os, sys, time
+        print("pid", os.getpid(), flush=True)
+        if os.environ["NODE_RANK"] == "0":
+            time.sleep(1)  # let node 1 print its pid first
+            sys.exit(2)
+        time.sleep(120)
+    """, max_restarts=3)
+    started = time.monotonic()
+    result = run(manifest)
+    assert result.returncode == 2, result.stderr
+    assert time.monotonic() - started < 60
+    assert "node 0 exited 2 (bad configuration, permanent); job t failed" in result.stderr
+    assert "restarting" not in result.stderr
+    pids = pids_in(result.stdout)
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
+def test_retryable_failure_restarts_the_gang_with_the_next_attempt(tmp_path):
+    manifest = write_job(tmp_path, """
+        import os, signal
+        attempt, rank = os.environ["DDPJOB_RESTART_ATTEMPT"], os.environ["NODE_RANK"]
+        print("attempt", attempt, "port", os.environ["MASTER_PORT"], flush=True)
+        if rank == "1" and attempt == "0":
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+    """, max_restarts=2)
+    result = run(manifest)
+    assert result.returncode == 0, result.stderr
+    assert ("node 1 exited 137 (killed (SIGKILL, often the OOM killer), retryable); "
+            "restarting the gang (restart 1/2)") in result.stderr
+    assert "[node-0] attempt 1" in result.stdout and "[node-1] attempt 1" in result.stdout
+    assert "attempt 2" not in result.stdout
+    assert "succeeded: all 2 nodes exited 0 after 1 restart" in result.stderr
+
+
+def test_restart_budget_spent_fails_with_the_nodes_code(tmp_path):
+    manifest = write_job(tmp_path, """
+        import os, sys
+        print("attempt", os.environ["DDPJOB_RESTART_ATTEMPT"], flush=True)
+        sys.exit(1 if os.environ["NODE_RANK"] == "1" else 0)
+    """, max_restarts=1)
+    result = run(manifest)
+    assert result.returncode == 1
+    assert "restarting the gang (restart 1/1)" in result.stderr
+    assert "the restart budget (maxRestarts 1) is spent; job t failed" in result.stderr
+    assert result.stdout.count("[node-1] attempt") == 2
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_every_process_and_exits_128_plus_it(tmp_path, signum, code):
+    # Each node starts a grandchild (as torchrun starts workers); node 1 ignores SIGTERM, so it
+    # must be SIGKILLed once the 1 s grace period is over.
+    manifest = write_job(tmp_path, """
+        import os, signal, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        if os.environ["NODE_RANK"] == "1":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("pid", os.getpid(), "child", child.pid, flush=True)
+        time.sleep(120)
+    """, grace=1)
+    runner = subprocess.Popen(ddpjob_run("-f", str(manifest)), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    lines: "queue.Queue[str]" = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in runner.stdout], daemon=True).start()
+    seen = []
+    try:
+        while len(seen) < 2:
+            seen.append(lines.get(timeout=60))
+        runner.send_signal(signum)
+        started = time.monotonic()
+        assert runner.wait(timeout=30) == code
+        assert time.monotonic() - started < 15
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    pids = [int(w) for line in seen for w in line.split() if w.isdigit()]
+    assert len(pids) == 4
+    deadline = time.monotonic() + 5  # grandchildren are reaped by init, not by the runner
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)]
+    assert f"{signal.Signals(signum).name}: stopped every node" in runner.stderr.read()
+
+
+def test_big_output_arrives_whole_and_prefixed(tmp_path):
+    manifest = write_job(tmp_path, """
+        import os, sys
+        rank = os.environ["NODE_RANK"]
+        for i in range(20000):
+            sys.stdout.write(f"{rank}:{i}:" + "x" * 100 + "\\n")
+    """)
+    result = run(manifest)
+    assert result.returncode == 0
+    for rank in (0, 1):
+        lines = [line for line in result.stdout.splitlines() if line.startswith(f"[node-{rank}] ")]
+        assert lines == [f"[node-{rank}] {rank}:{i}:" + "x" * 100 for i in range(20000)]
+
+
+def test_command_not_found_is_permanent_127(tmp_path):
+    manifest = write_job(tmp_path, "pass", max_restarts=3)
+    spec = yaml.safe_load(manifest.read_text())
+    spec["spec"]["command"] = ["no-such-command-for-ddpjob"]
+    manifest.write_text(yaml.safe_dump(spec))
+    result = run(manifest)
+    assert result.returncode == 127
+    assert "cannot run 'no-such-command-for-ddpjob'" in result.stdout
+    assert "command not found (permanent)" not in result.stderr  # described once, not doubled
+    assert "exited 127 (command not found, permanent)" in result.stderr
+
+
+def test_active_deadline_stops_the_job_with_124(tmp_path):
+    manifest = write_job(tmp_path, "import time; time.sleep(120)", activeDeadlineSeconds=1, grace=1)
+    started = time.monotonic()
+    result = run(manifest)
+    assert result.returncode == 124
+    assert time.monotonic() - started < 30
+    assert "activeDeadlineSeconds (1) passed" in result.stderr
+
+
+def test_nodes_run_in_the_workdir_and_see_volumes_from_the_same_file(tmp_path):
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "code"},
+                 "data": {"hello.py": "import os; print('hello from', os.environ['NODE_RANK'], os.getcwd())\n"}}
+    job = {"apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "vol"},
+           "spec": {"nnodes": 2, "image": "local", "command": ["python", "/workspace/hello.py"],
+                    "volumeMounts": [{"name": "code", "mountPath": "/workspace"}],
+                    "template": {"spec": {"volumes": [{"name": "code", "configMap": {"name": "code"}}]}}}}
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump_all([configmap, job]))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    result = run(manifest, "--workdir", str(workdir))
+    assert result.returncode == 0, result.stderr
+    assert f"[node-1] hello from 1 {workdir}" in result.stdout

@@ -1,0 +1,157 @@
+"""Checkpoints: written by global rank 0 only, atomically, then every rank moves on together.
+
+Layout: ``<checkpoint_dir>/step-00001200.pt``. A file is written as a hidden temp file in the
+same folder, flushed, fsync'ed and renamed over its final name, so a reader (or a restart after
+SIGKILL mid-write) only ever sees complete files; "the newest checkpoint" is simply the highest
+step. Every rank collects its RNG state to rank 0; after the write rank 0 tells every rank
+whether it worked (a broadcast that is also the barrier), so a failed write fails every rank at
+once instead of leaving them in a barrier until the collective timeout.
+
+On resume rank 0 picks the file and every rank loads that same file (on a shared volume a
+late directory listing on another node could otherwise pick an older one).
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from .distributed import DistContext
+from .errors import CheckpointError
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^step-(\d{8,})\.pt$")
+
+
+def checkpoint_path(folder: str, step: int) -> str:
+    return os.path.join(folder, f"step-{step:08d}.pt")
+
+
+def list_checkpoints(folder: str) -> list[tuple[int, str]]:
+    """(step, path) of the complete checkpoints in ``folder``, oldest first."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        m = _NAME.match(name)
+        if m:
+            found.append((int(m.group(1)), os.path.join(folder, name)))
+    return sorted(found)
+
+
+def latest_checkpoint(folder: str) -> Optional[str]:
+    found = list_checkpoints(folder)
+    return found[-1][1] if found else None
+
+
+def write_atomic(state: dict, path: str) -> None:
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    try:  # make the rename itself durable
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def prune(folder: str, keep: int) -> None:
+    for _step, path in list_checkpoints(folder)[:-keep]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def read(path: str) -> dict:
+    # weights_only: a checkpoint on a shared volume must not be able to run code.
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} is not a ddptrain checkpoint (format {FORMAT_VERSION})")
+    return state
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _as_tuple(value: Any) -> Any:
+    # torch.save keeps tuples, but be lenient with lists (random.setstate insists on tuples)
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _all_gather_objects(ctx: DistContext, obj: Any) -> list[Any]:
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj, group=ctx.control_group)
+    return out
+
+
+def save(ctx: DistContext, folder: str, keep: int, state: dict) -> str:
+    """Collective: every rank calls it with the same step. Returns the path written."""
+    rngs = _all_gather_objects(ctx, capture_rng(ctx.device))
+    path = checkpoint_path(folder, state["step"])
+    error = None
+    if ctx.is_main:
+        try:
+            write_atomic({**state, "format": FORMAT_VERSION, "rng": rngs,
+                          "world_size": ctx.world_size}, path)
+            prune(folder, keep)
+        except Exception as e:
+            error = f"writing {path} failed: {e}"
+    if ctx.distributed:
+        box = [error]
+        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
+        error = box[0]
+    if error:
+        raise CheckpointError(error)
+    return path
+
+
+def load_latest(ctx: DistContext, folder: str) -> Optional[tuple[str, dict]]:
+    """Collective: rank 0 picks the newest file; every rank loads it (or none does)."""
+    box = [latest_checkpoint(folder) if ctx.is_main else None]
+    if ctx.distributed:
+        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
+    path = box[0]
+    if path is None:
+        return None
+    state, error = None, None
+    try:
+        state = read(path)
+    except Exception as e:
+        error = f"rank {ctx.rank}: reading {path} failed: {e}"
+    errors = [e for e in _all_gather_objects(ctx, error) if e]
+    if errors:
+        raise CheckpointError("; ".join(errors))
+    assert state is not None
+    return path, state

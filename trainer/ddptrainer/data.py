@@ -1,0 +1,171 @@
+"""Data sets (torchvision MNIST, CIFAR-10, FakeData), the sharding sampler and the loader.
+
+Downloading, when allowed, happens once per node (local rank 0) behind a barrier; with no data
+and no download the error names the folder, the files expected there and how to provide them
+(exit 3, permanent: a restart cannot make the files appear).
+
+No random augmentation: the order of samples is the only randomness, and it comes from the
+DistributedSampler's (seed, epoch). That keeps "N steps straight" and "N/2, crash, resume N/2"
+identical, which the tests check.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchvision import datasets, transforms
+
+from .config import TrainConfig
+from .distributed import DistContext, barrier, first_line
+from .errors import DataMissingError
+
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+CIFAR10_FOLDER = "cifar-10-batches-py"
+CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
+
+_NORMALIZE = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    dataset: Dataset
+    in_channels: int
+    num_classes: int
+
+
+def expected_files(config: TrainConfig) -> tuple[str, list[str]]:
+    """The folder torchvision reads and the files it needs there."""
+    root = os.path.abspath(config.data_dir)
+    if config.dataset == "mnist":
+        return os.path.join(root, "MNIST", "raw"), list(MNIST_FILES)
+    if config.dataset == "cifar10":
+        return os.path.join(root, CIFAR10_FOLDER), list(CIFAR10_FILES)
+    return root, []
+
+
+def _missing_message(config: TrainConfig, folder: str, missing: list[str],
+                     download_error: Optional[str]) -> str:
+    how = {
+        "mnist": "the four uncompressed idx files of http://yann.lecun.com/exdb/mnist/",
+        "cifar10": "the unpacked 'CIFAR-10 python version' archive "
+                   "(https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz)",
+    }[config.dataset]
+    msg = (f"--data-dir: {config.dataset} not found in {folder} (missing: {', '.join(missing)}); "
+           f"put {how} there (e.g. a mounted volume), or pass --download where the network "
+           "is reachable")
+    if download_error:
+        msg += f"; the download failed: {download_error}"
+    return msg
+
+
+def _build(config: TrainConfig, download: bool) -> Dataset:
+    root = config.data_dir
+    if config.dataset == "fake":
+        return datasets.FakeData(
+            size=config.fake_size, image_size=(3, config.image_size, config.image_size),
+            num_classes=config.num_classes, transform=transforms.ToTensor(),
+            random_offset=config.seed)
+    mean, std = _NORMALIZE[config.dataset]
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
+    if config.dataset == "mnist":
+        return datasets.MNIST(root, train=True, transform=tf, download=download)
+    return datasets.CIFAR10(root, train=True, transform=tf, download=download)
+
+
+def build_dataset(config: TrainConfig, ctx: DistContext) -> DataInfo:
+    download_error = None
+    if config.download and config.dataset != "fake":
+        if ctx.local_rank == 0:
+            try:
+                _build(config, download=True)
+            except Exception as e:  # no network: report it below, after the barrier
+                download_error = first_line(e)
+        # Everyone waits for the node's download, even when it failed: a rank that raised
+        # here alone would leave the others in the barrier until the collective timeout.
+        barrier(ctx)
+    folder, needed = expected_files(config)
+    missing = [name for name in needed if not os.path.isfile(os.path.join(folder, name))]
+    if missing:
+        raise DataMissingError(_missing_message(config, folder, missing, download_error))
+    try:
+        ds = _build(config, download=False)
+    except RuntimeError as e:  # torchvision: files there but corrupted (CIFAR md5 check)
+        raise DataMissingError(f"--data-dir: {config.dataset} in {folder} is unreadable or "
+                               f"corrupted ({first_line(e)}); replace the files") from e
+    except (OSError, ValueError, TypeError, AssertionError) as e:
+        raise DataMissingError(f"--data-dir: {config.dataset} in {folder} could not be read: "
+                               f"{first_line(e)}") from e
+    if config.dataset == "fake":
+        return DataInfo(ds, in_channels=3, num_classes=config.num_classes)
+    return DataInfo(ds, in_channels=1 if config.dataset == "mnist" else 3, num_classes=10)
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch part-way, to resume mid-epoch.
+
+    The shard of each rank is a function of (seed, epoch) only, so skipping the first
+    ``skip`` samples of this epoch's shard puts a restarted rank exactly where it stopped.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed,
+                         drop_last=False)
+        self._skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:  # type: ignore[override]
+        super().set_epoch(epoch)
+        self._skip = max(0, min(skip, self.num_samples))
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        return iter(indices[self._skip:])
+
+    def __len__(self) -> int:
+        return self.num_samples - self._skip
+
+
+def _ignore_termination_signals(_worker_id: int) -> None:
+    # torchrun delivers SIGTERM to the worker's whole process group, loader workers included.
+    # A loader worker dying of it would crash the step the rank is trying to finish before it
+    # saves; the rank shuts its workers down itself on exit.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def build_loader(config: TrainConfig, ctx: DistContext, data: DataInfo
+                 ) -> tuple[DataLoader, ResumableDistributedSampler]:
+    sampler = ResumableDistributedSampler(data.dataset, num_replicas=ctx.world_size,
+                                          rank=ctx.rank, seed=config.seed)
+    pin = config.pin_memory if config.pin_memory is not None else ctx.device.type == "cuda"
+    workers = config.num_workers
+    loader = DataLoader(
+        data.dataset, batch_size=config.batch_size, sampler=sampler, num_workers=workers,
+        pin_memory=pin, drop_last=False, persistent_workers=workers > 0,
+        worker_init_fn=_ignore_termination_signals if workers > 0 else None,
+        prefetch_factor=4 if workers > 0 else None,
+    )
+    return loader, sampler
+
+
+def steps_per_epoch(sampler: DistributedSampler, batch_size: int) -> int:
+    """Batches per epoch per rank: the same on every rank (the sampler pads the shards)."""
+    return math.ceil(sampler.num_samples / batch_size)
+
+
+def batch_to_device(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device,
+                    channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = batch
+    non_blocking = device.type == "cuda"
+    x = x.to(device, non_blocking=non_blocking)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y.to(device, non_blocking=non_blocking)

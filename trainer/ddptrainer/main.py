@@ -1,0 +1,111 @@
+"""``ddptrain``: set up, build, train, clean up; one exit code per cause (ddpjob.contract).
+
+Run it under torchrun (``torchrun --nproc-per-node 2 -m ddptrainer.main --model tiny-cnn``),
+under the pod entry point ``ddptrain-pod``, or as a plain process (world size 1).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Mapping, Optional, Sequence
+
+from ddpjob import contract
+from ddpjob.contract import ExitCode
+
+from . import summary
+from .config import TrainConfig, parse_config
+from .data import build_dataset
+from .distributed import setup, teardown
+from .errors import ConfigError, DataMissingError, Preempted, TrainerError, is_collective_failure
+from .preemption import StopRequest
+from .progress import Progress
+from .train import Trainer
+
+# Errors every rank hits identically: one line per node is enough.
+_SAME_ON_EVERY_RANK = (ConfigError, DataMissingError)
+
+
+def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
+    """Train; return the exit code. Never raises (except SystemExit for --help)."""
+    env = os.environ if environ is None else environ
+    rank = _env_int(env, contract.RANK)
+    local_rank = _env_int(env, contract.LOCAL_RANK)
+    config: Optional[TrainConfig] = None
+    ctx = None
+    code, text, skip_teardown = int(ExitCode.SUCCESS), "", False
+    stop = StopRequest().install()
+    try:
+        config = parse_config(argv, env)
+        ctx = setup(config, env)
+        rank, local_rank = ctx.rank, ctx.local_rank
+        progress = Progress(ctx.is_main, config.log_format)
+        data = build_dataset(config, ctx)
+        result = Trainer(config, ctx, data, progress, stop).run()
+        progress.emit("done", step=result.step, total_steps=result.total_steps,
+                      loss=result.loss, world_size=ctx.world_size,
+                      elapsed_seconds=round(result.elapsed_seconds, 1),
+                      checkpoint=result.checkpoint)
+        text = (f"completed: step={result.step}/{result.total_steps} loss={_loss(result.loss)} "
+                f"world_size={ctx.world_size} checkpoint={result.checkpoint}")
+    except Preempted as e:
+        code, text = e.exit_code, f"preempted: {e.message}"
+        if rank in (0, None):
+            print(f"ddptrain: {text}", file=sys.stderr, flush=True)
+    except TrainerError as e:
+        code, text = e.exit_code, f"{e.kind}: {e.message}"
+        if not isinstance(e, _SAME_ON_EVERY_RANK) or local_rank in (0, None):
+            where = "" if isinstance(e, _SAME_ON_EVERY_RANK) or rank is None else f"rank {rank}: "
+            print(f"ddptrain: error: {where}{e.message}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        code, text = 130, "interrupted (SIGINT twice)"
+    except Exception as e:  # noqa: BLE001 - the last line of defence picks the exit code
+        if ctx is not None and ctx.distributed and is_collective_failure(e):
+            code = int(ExitCode.PEER_LOST)
+            text = f"peer lost: rank {rank}: {_first_line(e)}"
+            # A process group whose peer is gone can block in destroy (NCCL); exiting frees it.
+            skip_teardown = True
+            print(f"ddptrain: error: {text}", file=sys.stderr, flush=True)
+        else:
+            code, text = int(ExitCode.FAILURE), f"unexpected error: rank {rank}: {_first_line(e)}"
+            traceback.print_exc()
+    finally:
+        if not skip_teardown:
+            teardown(ctx)
+        stop.uninstall()
+    _leave_summary(text, code, rank, config, env)
+    return code
+
+
+def _leave_summary(text: str, code: int, rank: Optional[int], config: Optional[TrainConfig],
+                   env: Mapping[str, str]) -> None:
+    if summary.write_rank_summary(text, rank or 0, env):
+        return  # ddptrain-pod composes the pod's message from the workers'
+    if (rank or 0) == 0 or code != 0:
+        path, explicit = summary.resolve_termination_log(
+            config.termination_log if config else None, env)
+        summary.write_termination_message(f"ddptrain: {text}", path, explicit)
+
+
+def _env_int(env: Mapping[str, str], name: str) -> Optional[int]:
+    try:
+        return int(env[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _loss(loss: Optional[float]) -> str:
+    return "n/a" if loss is None else f"{loss:.4f}"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    sys.exit(run(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""``ddptrain-pod``: the pod entry point. Wait for the master, run torchrun, exit honestly.
+
+Usage::
+
+    ddptrain-pod [POD OPTIONS] [ddptrain flags...]          # the trainer (ddptrainer.main)
+    ddptrain-pod [POD OPTIONS] --script PATH [script args]  # your own script
+    ddptrain-pod [POD OPTIONS] -m MODULE [module args]      # your own module
+
+POD OPTIONS (only before everything else): ``--termination-log PATH``,
+``--rendezvous-timeout-seconds N``. The rendezvous comes from the environment the operator sets
+(PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT; torchrun reads
+them itself); with none of them it is a single node on this machine.
+
+1. Node ranks other than 0 wait (bounded by DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS, logged) until
+   PET_MASTER_ADDR resolves and PET_MASTER_PORT accepts connections: exit 12 if it never does.
+   Node 0 does not wait: the port opens only when its own torchrun starts.
+2. torchrun runs in this process (torch.distributed.run), so its failure is an exception we can
+   read rather than its blanket exit status 1. The pod exits with the worst worker's code
+   (see ``choose_exit_code``), a rendezvous that never forms gives 12, and SIGTERM, which
+   torchrun forwards to the workers (they save a checkpoint), gives 143.
+3. A short summary goes to the termination-message file, for ``kubectl describe`` and for the
+   operator's ``status.failedNode.message``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, NoReturn, Optional, Sequence
+
+from ddpjob import contract
+from ddpjob.contract import ExitCode
+
+from . import summary
+from .rendezvous_wait import MasterUnreachable, wait_for_master
+
+PROG = "ddptrain-pod"
+DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS = 600
+TRAINER_MODULE = "ddptrainer.main"
+
+# Exit codes that are consequences of another rank's failure, least informative last.
+_CONSEQUENCES = (int(ExitCode.PREEMPTED), int(ExitCode.RENDEZVOUS_TIMEOUT),
+                 int(ExitCode.PEER_LOST))
+
+
+class PodUsageError(Exception):
+    """A bad pod option or environment value (exit 2)."""
+
+
+@dataclass(frozen=True)
+class PodArgs:
+    kind: str = "trainer"  # trainer | script | module
+    target: str = TRAINER_MODULE
+    args: tuple[str, ...] = ()
+    termination_log: Optional[str] = None
+    rendezvous_timeout_seconds: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class NodeEnv:
+    nnodes: int = 1
+    node_rank: int = 0
+    nproc_per_node: str = "1"
+    master_addr: Optional[str] = None
+    master_port: int = contract.DEFAULT_MASTER_PORT
+    rendezvous_timeout_seconds: int = DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS
+
+
+def _positive_int(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise PodUsageError(f"{what}: must be an integer, got {text!r}") from None
+    if value < 1:
+        raise PodUsageError(f"{what}: must be >= 1, got {value}")
+    return value
+
+
+def parse_pod_args(argv: Sequence[str]) -> PodArgs:
+    argv = list(argv)
+    opts: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, inline = arg.partition("=")
+        if arg == "--":
+            i += 1
+            break
+        if name in ("--script", "-m", "--module", "--termination-log",
+                    "--rendezvous-timeout-seconds"):
+            if eq:
+                value, i = inline, i + 1
+            elif i + 1 < len(argv):
+                value, i = argv[i + 1], i + 2
+            else:
+                raise PodUsageError(f"{name}: needs a value")
+            if name == "--script":
+                return PodArgs("script", value, tuple(argv[i:]), **opts)
+            if name in ("-m", "--module"):
+                return PodArgs("module", value, tuple(argv[i:]), **opts)
+            if name == "--termination-log":
+                opts["termination_log"] = value
+            else:
+                opts["rendezvous_timeout_seconds"] = _positive_int(value, name)
+            continue
+        break
+    return PodArgs("trainer", TRAINER_MODULE, tuple(argv[i:]), **opts)
+
+
+def read_node_env(environ: Mapping[str, str], pod: PodArgs) -> NodeEnv:
+    def get_int(name: str, default: int, low: int) -> int:
+        raw = environ.get(name)
+        if raw in (None, ""):
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise PodUsageError(f"{name}={raw!r}: must be an integer") from None
+        if value < low:
+            raise PodUsageError(f"{name}={raw!r}: must be >= {low}")
+        return value
+
+    timeout = pod.rendezvous_timeout_seconds or get_int(
+        contract.DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS, DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS, 1)
+    nnodes = get_int(contract.PET_NNODES, 1, 1)
+    node_rank = get_int(contract.PET_NODE_RANK, 0, 0)
+    if node_rank >= nnodes:
+        raise PodUsageError(f"{contract.PET_NODE_RANK}={node_rank}: must be below "
+                            f"{contract.PET_NNODES}={nnodes}")
+    return NodeEnv(nnodes=nnodes, node_rank=node_rank,
+                   nproc_per_node=environ.get(contract.PET_NPROC_PER_NODE) or "1",
+                   master_addr=environ.get(contract.PET_MASTER_ADDR) or None,
+                   master_port=get_int(contract.PET_MASTER_PORT, contract.DEFAULT_MASTER_PORT, 1),
+                   rendezvous_timeout_seconds=timeout)
+
+
+def torchrun_argv(pod: PodArgs, node: NodeEnv, environ: Mapping[str, str]) -> list[str]:
+    """torchrun's own argv: PET_* come from the environment, we add only the rendezvous bound."""
+    argv: list[str] = []
+    static = (environ.get("PET_RDZV_BACKEND") or "static") == "static"
+    if node.master_addr and static and not environ.get("PET_RDZV_CONF"):
+        # The static rendezvous waits 600 s by default for every node's agent; bound it too.
+        argv += ["--rdzv-conf", f"timeout={node.rendezvous_timeout_seconds}"]
+    if pod.kind == "script":
+        return argv + [pod.target, *pod.args]
+    return argv + ["-m", pod.target, *pod.args]
+
+
+def normalize_exit_code(code: int) -> int:
+    """A worker killed by signal N (negative returncode) exits 128+N, as a shell reports it."""
+    return 128 - code if code < 0 else code
+
+
+def choose_exit_code(failures: Mapping[int, Any]) -> tuple[int, int]:
+    """(global rank, exit code) that tells the truth about a failed node.
+
+    ``failures`` maps global rank to torchrun's ProcessFailure (exitcode, timestamp). Order:
+
+    1. a permanent code (bad config 2, data missing 3, 126, 127): retrying cannot help, and
+       any one rank saying so decides;
+    2. a root cause: any other code (1, 137, a signal, ...), the earliest first;
+    3. the codes that are consequences of another failure: 143 (torchrun's SIGTERM to the
+       survivors), then 12, then 13 (peer lost).
+    Ties: the earliest failure, then the lowest rank.
+    """
+    def key(item: tuple[int, Any]) -> tuple[int, int, float, int]:
+        rank, failure = item
+        code = normalize_exit_code(int(failure.exitcode))
+        if code in contract.DEFAULT_PERMANENT_EXIT_CODES:
+            klass, sub = 0, 0
+        elif code in _CONSEQUENCES:
+            klass, sub = 2, _CONSEQUENCES.index(code)
+        else:
+            klass, sub = 1, 0
+        return klass, sub, float(getattr(failure, "timestamp", 0) or 0), rank
+
+    rank, failure = min(failures.items(), key=key)
+    return rank, normalize_exit_code(int(failure.exitcode))
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, _frame: Any) -> NoReturn:
+    raise _Terminated(signum)
+
+
+def _log(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def _worker_note(summaries: Mapping[int, str], rank: Optional[int]) -> str:
+    if rank is not None and rank in summaries:
+        return summaries[rank]
+    if summaries:
+        return summaries[min(summaries)]
+    return ""
+
+
+def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
+    env = os.environ if environ is None else environ
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    # SIGTERM before torchrun is up: nothing to save yet, stop at once (torchrun installs
+    # its own forwarding handlers when it starts the workers).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _raise_terminated)
+    pod: Optional[PodArgs] = None
+    node_rank = 0
+    summary_dir = tempfile.mkdtemp(prefix="ddptrain-pod-")
+    code, message = 0, ""
+    try:
+        pod = parse_pod_args(raw)
+        node = read_node_env(env, pod)
+        node_rank = node.node_rank
+        _log(f"node_rank={node.node_rank} nnodes={node.nnodes} nproc_per_node="
+             f"{node.nproc_per_node} master={node.master_addr or 'localhost'}:"
+             f"{node.master_port} rendezvous_timeout={node.rendezvous_timeout_seconds}s "
+             f"run={pod.kind}:{pod.target}")
+        if node.node_rank != 0 and node.master_addr:
+            waited = wait_for_master(node.master_addr, node.master_port,
+                                     node.rendezvous_timeout_seconds, _log)
+            _log(f"master {node.master_addr}:{node.master_port} is up ({waited.address}); "
+                 "starting torchrun")
+        code, message = _run_torchrun(pod, node, env, summary_dir)
+    except PodUsageError as e:
+        code, message = int(ExitCode.BAD_CONFIG), f"bad configuration: {e}"
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+    except MasterUnreachable as e:
+        code, message = int(ExitCode.RENDEZVOUS_TIMEOUT), f"rendezvous timeout: {e}"
+        _log(message)
+    except _Terminated as e:
+        code, message = 128 + e.signum, f"stopped by signal {e.signum} before training started"
+        _log(message)
+    finally:
+        shutil.rmtree(summary_dir, ignore_errors=True)
+    path, explicit = summary.resolve_termination_log(pod.termination_log if pod else None, env)
+    summary.write_termination_message(f"{PROG}: node {node_rank}: exit {code}: {message}",
+                                      path, explicit)
+    return code
+
+
+def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
+                  summary_dir: str) -> tuple[int, str]:
+    # Imported late: waiting for the master should not pay for importing torch.
+    import torch.distributed.run as torchrun
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    # Workers inherit os.environ; each leaves its one-line summary in summary_dir.
+    os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
+    args = torchrun.parse_args(torchrun_argv(pod, node, env))
+    started = time.monotonic()
+    try:
+        torchrun.run(args)
+    except ChildFailedError as e:
+        rank, code = choose_exit_code(e.failures)
+        failure = e.failures[rank]
+        note = (_worker_note(summary.read_rank_summaries(summary_dir), rank)
+                # torchrun's message is a real one only when the worker left an error file
+                or (failure.message if failure.exitcode < 0
+                    or os.path.isfile(failure.error_file or "") else "")
+                or "the worker left no summary (see the pod log)")
+        others = len(e.failures) - 1
+        message = (f"worker rank {rank} exited {code} ({contract.describe_exit_code(code)})"
+                   f"{f' and {others} more' if others else ''}: {note}")
+        _log(message)
+        return code, message
+    except SignalException as e:
+        code = 128 + int(e.sigval)
+        note = _worker_note(summary.read_rank_summaries(summary_dir), None)
+        message = f"stopped by signal {int(e.sigval)}; workers were asked to save: {note}"
+        _log(message)
+        return code, message
+    except (RendezvousError, DistError) as e:
+        waited = time.monotonic() - started
+        message = (f"rendezvous timeout: the {node.nnodes} nodes did not meet within "
+                   f"{waited:.0f}s: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
+        _log(message)
+        return int(ExitCode.RENDEZVOUS_TIMEOUT), message
+    note = _worker_note(summary.read_rank_summaries(summary_dir), None)
+    return 0, note or "completed"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
+    sys.exit(run(argv))
+
+
+if __name__ == "__main__":
+    main()

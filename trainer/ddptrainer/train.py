@@ -1,0 +1,225 @@
+"""The training loop: steps, epochs, logging windows, checkpoints, resume and preemption.
+
+The step count is global and survives restarts: a checkpoint stores (epoch, batch within the
+epoch, step), and a resumed run skips the batches its epoch already consumed, so "N steps
+straight" and "N/2 steps, crash, resume, N/2 steps" see the same batches in the same order.
+
+Host-device synchronisation happens on log steps only: the loss is accumulated as a tensor
+and averaged across ranks (one all-reduce, one ``.item()``) every ``--log-every`` steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import checkpoint
+from .config import TrainConfig
+from .data import DataInfo, batch_to_device, build_loader, steps_per_epoch
+from .distributed import DistContext
+from .errors import ConfigError, Preempted
+from .models import build_model
+from .preemption import StopAgreement, StopRequest
+from .progress import Progress, eta_seconds
+
+
+@dataclass
+class TrainResult:
+    step: int
+    total_steps: int
+    loss: Optional[float]
+    checkpoint: Optional[str]
+    elapsed_seconds: float
+
+
+def _compatibility(config: TrainConfig, data: DataInfo) -> dict:
+    """What a checkpoint must match to be resumable by this run."""
+    return {"model": config.model, "dataset": config.dataset, "in_channels": data.in_channels,
+            "num_classes": data.num_classes, "optimizer": config.optimizer}
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, ctx: DistContext, data: DataInfo,
+                 progress: Progress, stop: StopRequest):
+        self.config, self.ctx, self.data, self.progress = config, ctx, data, progress
+        torch.manual_seed(config.seed)  # same initial weights everywhere (DDP also broadcasts)
+        model, notes = build_model(config.model, data.in_channels, data.num_classes,
+                                   config.weights)
+        self.notes = list(notes)  # printed after the start line, which must come first
+        self.channels_last = ctx.device.type == "cuda" and config.model.startswith("resnet")
+        model = model.to(ctx.device)
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.optimizer = self._build_optimizer(model)
+        self.loader, self.sampler = build_loader(config, ctx, data)
+        self.steps_per_epoch = steps_per_epoch(self.sampler, config.batch_size)
+        full = config.epochs * self.steps_per_epoch
+        self.total_steps = min(full, config.max_steps) if config.max_steps else full
+        self.bf16 = config.precision == "bf16" or (
+            config.precision == "auto" and ctx.device.type == "cuda")
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
+        self.last_saved_step: Optional[int] = None
+        self.last_checkpoint: Optional[str] = None
+        self.last_loss: Optional[float] = None
+        self.resumed_from: Optional[str] = None
+        self._maybe_resume()
+        # Wrap after loading: DDP broadcasts rank 0's parameters at construction anyway.
+        self.ddp: nn.Module = (DDP(model, device_ids=[ctx.device.index]
+                                   if ctx.device.type == "cuda" else None)
+                               if ctx.distributed else model)
+        self.stop = StopAgreement(ctx, stop)
+
+    def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        c = self.config
+        if c.optimizer == "adam":
+            return torch.optim.Adam(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+        return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum,
+                               weight_decay=c.weight_decay)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _maybe_resume(self) -> None:
+        if not self.config.resume:
+            return
+        found = checkpoint.load_latest(self.ctx, self.config.checkpoint_dir)
+        if found is None:
+            return
+        path, state = found
+        want = _compatibility(self.config, self.data)
+        have = state.get("compat", {})
+        if have != want:
+            diff = ", ".join(f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items()
+                             if have.get(k) != v)
+            raise ConfigError(f"--checkpoint-dir: {path} is from another run ({diff}); use "
+                              "another --checkpoint-dir or --no-resume")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.batch_in_epoch = int(state["batch_in_epoch"])
+        saved_world = int(state["world_size"])
+        saved_batch = int(state.get("batch_size", self.config.batch_size))
+        if saved_world == self.ctx.world_size and saved_batch == self.config.batch_size:
+            checkpoint.restore_rng(state["rng"][self.ctx.rank], self.ctx.device)
+        else:
+            # Another gang size shards the epoch differently: continue after the same number
+            # of samples (rounded down to a whole batch), which is as close as it gets.
+            seen = self.batch_in_epoch * saved_batch * saved_world
+            self.batch_in_epoch = seen // (self.config.batch_size * self.ctx.world_size)
+        if self.batch_in_epoch >= self.steps_per_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        self.last_saved_step, self.last_checkpoint = self.step, path
+        self.last_loss = state.get("loss")
+        self.resumed_from = path
+
+    def _save(self) -> str:
+        if self.last_saved_step == self.step:
+            return self.last_checkpoint or ""
+        state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                 "batch_size": self.config.batch_size, "loss": self.last_loss,
+                 "compat": _compatibility(self.config, self.data),
+                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        path = checkpoint.save(self.ctx, self.config.checkpoint_dir,
+                               self.config.keep_checkpoints, state)
+        self.last_saved_step, self.last_checkpoint = self.step, path
+        return path
+
+    # ------------------------------------------------------------------ steps
+    def _autocast(self):
+        if self.bf16:
+            return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _run_batch(self, batch) -> torch.Tensor:
+        x, y = batch_to_device(batch, self.ctx.device, self.channels_last)
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss = self.loss_fn(self.ddp(x), y)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def _mean_loss(self, window_sum: torch.Tensor, window_steps: int) -> float:
+        """The window's loss averaged over its steps and over all ranks (a sync point)."""
+        total = (window_sum / window_steps).float()
+        if self.ctx.distributed:
+            dist.all_reduce(total)  # default group: on the GPU for NCCL
+            total = total / self.ctx.world_size
+        return float(total.item())
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> TrainResult:
+        c, ctx = self.config, self.ctx
+        started = time.perf_counter()
+        self.progress.start(
+            world_size=ctx.world_size, backend=ctx.backend or "none", device=str(ctx.device),
+            model=c.model, dataset=c.dataset, batch_size=c.batch_size,
+            global_batch_size=c.batch_size * ctx.world_size,
+            precision="bf16" if self.bf16 else "fp32", step=self.step,
+            total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch)
+        for note in self.notes:
+            self.progress.note(note)
+        if self.resumed_from:
+            self.progress.note(f"resumed from {self.resumed_from} at step={self.step}")
+        if self.step >= self.total_steps:
+            self.progress.note(f"nothing left to train: step={self.step} >= "
+                               f"total_steps={self.total_steps}")
+        window_sum = torch.zeros((), device=ctx.device)
+        window_steps, data_wait = 0, 0.0
+        window_start = time.perf_counter()
+        while self.step < self.total_steps:
+            self.sampler.set_epoch(self.epoch, skip=self.batch_in_epoch * c.batch_size)
+            batches = iter(self.loader)
+            while self.step < self.total_steps:
+                if self.stop.poll():
+                    self._preempted()
+                t0 = time.perf_counter()
+                batch = next(batches, None)
+                data_wait += time.perf_counter() - t0
+                if batch is None:
+                    break
+                window_sum += self._run_batch(batch)
+                window_steps += 1
+                self.step += 1
+                self.batch_in_epoch += 1
+                if self.step % c.log_every == 0 or self.step == self.total_steps:
+                    self.last_loss = self._mean_loss(window_sum, window_steps)
+                    now = time.perf_counter()
+                    per_step = (now - window_start) / window_steps
+                    self.progress.progress(
+                        epoch=self.epoch + 1, epochs=c.epochs, step=self.step,
+                        total_steps=self.total_steps, loss=self.last_loss,
+                        images_per_sec=c.batch_size * ctx.world_size / per_step,
+                        eta_seconds=eta_seconds(self.total_steps - self.step, per_step),
+                        world_size=ctx.world_size,
+                        data_wait_fraction=data_wait / max(now - window_start, 1e-9))
+                    window_sum.zero_()
+                    window_steps, data_wait, window_start = 0, 0.0, time.perf_counter()
+                if c.checkpoint_every and self.step % c.checkpoint_every == 0:
+                    self._save()  # its time stays in the window: the figure is honest
+            if self.batch_in_epoch >= self.steps_per_epoch:
+                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                if self.step < self.total_steps:
+                    self._save()  # epoch end
+        if window_steps:  # the loop ended off a log step (cannot happen today; be safe)
+            self.last_loss = self._mean_loss(window_sum, window_steps)
+        path = self._save()
+        self.stop.drain()
+        return TrainResult(step=self.step, total_steps=self.total_steps, loss=self.last_loss,
+                           checkpoint=path or None,
+                           elapsed_seconds=time.perf_counter() - started)
+
+    def _preempted(self):
+        signum = self.stop.agreed_signum or 15
+        path = self._save()
+        self.stop.drain()
+        raise Preempted(f"stopped by signal {signum} at step={self.step}/{self.total_steps}; "
+                        f"checkpoint {path} saved", signum)
