@@ -11,7 +11,7 @@ from typing import Any, Optional
 from ddpjob import contract, spec
 
 CONTAINER_NAME = "trainer"
-SHM_VOLUME = "dshm"
+SHM_VOLUME = spec.SHM_VOLUME_NAME  # the schema refuses a template volume of this name
 RENDEZVOUS_PORT_NAME = "rendezvous"
 
 # The "restricted" Pod Security profile, split as the API wants it. Replaced as a whole when the

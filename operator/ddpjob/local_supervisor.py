@@ -158,6 +158,9 @@ class LocalNode:
     def _wait(self, exits: "queue.Queue") -> None:
         assert self.process is not None
         code = exit_code_of(self.process.wait())
+        # The pod's other processes go with its main one, as a container's do. Done at once,
+        # while the group id cannot yet have been reused by an unrelated process.
+        self.signal_group(signal.SIGKILL)
         self.exit_code = code
         exits.put((self.node_rank, code))
 
@@ -166,7 +169,7 @@ class LocalNode:
         return self.process is not None and self.exit_code is None
 
     def signal_group(self, signum: int) -> None:
-        """Signal every process of the node; its group outlives its leader if children remain."""
+        """Signal every process of the node (the group of its main process)."""
         if self.process is None:
             return
         try:
@@ -188,7 +191,8 @@ def stop_nodes(nodes: Sequence[LocalNode], grace_seconds: float, stop: StopReque
     while any(n.running for n in nodes) and time.monotonic() < deadline and not stop.force:
         time.sleep(POLL_SECONDS / 2)
     for node in nodes:
-        node.signal_group(signal.SIGKILL)  # also the leftovers of nodes that have exited
+        if node.running:
+            node.signal_group(signal.SIGKILL)
     for node in nodes:
         if node.process is not None:
             node.process.wait()
@@ -219,8 +223,7 @@ def run_gang(
         before_launch()
         for launch in launches:
             nodes.append(LocalNode(launch, cwd, console, exits))
-        by_rank = {n.node_rank: n for n in nodes}
-        waiting = set(by_rank)
+        waiting = {n.node_rank for n in nodes}
         while waiting:
             if stop.requested:
                 return GangOutcome("stopped", signum=stop.signum)
@@ -231,7 +234,6 @@ def run_gang(
             except queue.Empty:
                 continue
             waiting.discard(rank)
-            by_rank[rank].signal_group(signal.SIGKILL)  # the pod's other processes go with it
             if code != 0:
                 # The queue orders exits as the waiter threads saw them: the first failure
                 # decides, the peers that fail after it (they lost a rank) do not.

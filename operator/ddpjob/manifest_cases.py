@@ -65,10 +65,19 @@ class BadCase:
     path: str
     message: str
     server: str = REJECTS
+    # The field path the API server's refusal names, where it differs from ``path`` (checked
+    # against a real API server; see ``api_path``).
+    server_path: str | None = None
+
+    @property
+    def api_path(self) -> str:
+        """The field path the API server names when it refuses this manifest."""
+        return self.server_path or self.path
 
 
-def _bad(id: str, changes: dict[str, Any], path: str, message: str, server: str = REJECTS) -> BadCase:
-    return BadCase(id, with_changes(changes), path, message, server)
+def _bad(id: str, changes: dict[str, Any], path: str, message: str, server: str = REJECTS,
+         server_path: str | None = None) -> BadCase:
+    return BadCase(id, with_changes(changes), path, message, server, server_path)
 
 
 _GPU = "nvidia.com/gpu"
@@ -154,8 +163,10 @@ def bad_manifest_table() -> list[BadCase]:
              "spec.template.metadata.labels", "set by the operator"),
         _bad("pod-label-number", {"spec.template": {"metadata": {"labels": {"version": 1.5}}}},
              "spec.template.metadata.labels.version", "must be a string, got number 1.5"),
+        # Strict field validation prunes first: a mapping's keys are unknown fields of a list.
         _bad("tolerations-a-mapping", {"spec.template": {"spec": {"tolerations": {"key": "gpu"}}}},
-             "spec.template.spec.tolerations", "must be a list, got a mapping"),
+             "spec.template.spec.tolerations", "must be a list, got a mapping",
+             server_path="spec.template.spec.tolerations.key"),
         _bad("node-selector-a-list", {"spec.template": {"spec": {"nodeSelector": ["gpu"]}}},
              "spec.template.spec.nodeSelector", "must be a mapping, got a list"),
         _bad("grace-period-too-long", {"spec.template": {"spec": {"terminationGracePeriodSeconds": 7200}}},
@@ -171,6 +182,16 @@ def bad_manifest_table() -> list[BadCase]:
         _bad("name-too-long", {"metadata.name": "a" * 54}, "metadata.name", "at most 53 characters"),
         _bad("name-starts-with-digit", {"metadata.name": "1job"}, "metadata.name", "DNS-1035 label"),
         _bad("name-with-dot", {"metadata.name": "my.job"}, "metadata.name", "DNS-1035 label"),
+        _bad("metadata-typo", {"metadata.lables": {"team": "vision"}}, "metadata.lables", "unknown field",
+             REJECTS_WHEN_STRICT),
+        _bad("label-value-with-space", {"metadata.labels": {"team": "vision team"}}, "metadata.labels",
+             'invalid value "vision team" of label "team"'),
+        _bad("label-key-bad-prefix", {"metadata.labels": {"Example.com/team": "vision"}}, "metadata.labels",
+             'invalid label key "Example.com/team": the prefix'),
+        _bad("annotation-key-with-space", {"metadata.annotations": {"my note": "x"}}, "metadata.annotations",
+             'invalid annotation key "my note"'),
+        _bad("status-unknown-field", {"status": {"phase": "Running", "anything": 1}}, "status.anything",
+             "unknown field", REJECTS_WHEN_STRICT),
         _bad("wrong-api-version", {"apiVersion": "ddpjob.dev/v1"}, "apiVersion",
              "must be ddpjob.dev/v1alpha1", NOT_SENDABLE),
         _bad("wrong-kind", {"kind": "Job"}, "kind", "must be DDPJob (got kind 'Job')", NOT_SENDABLE),
@@ -222,7 +243,12 @@ def good_manifest_table() -> list[tuple[str, dict]]:
         ("name-53-characters", with_changes({"metadata.name": "a" * 53})),
         ("nulls-mean-unset", with_changes({"spec.command": None, "spec.template": None,
                                            "spec.activeDeadlineSeconds": None})),
-        ("with-status", with_changes({"status": {"phase": "Running", "anything": 1}})),
+        # `kubectl get -o yaml` output: the API server drops status on create, unchecked.
+        ("with-status", with_changes({"status": {"phase": "Running", "ready": "2/2", "restarts": 0,
+                                                 "conditions": [{"type": "Running", "status": "True"}]}})),
+        ("status-values-are-not-checked", with_changes({"status": {"phase": "Bogus", "restarts": "x"}})),
+        ("labels-and-annotations", with_changes({"metadata.labels": {"example.com/team": "vision", "empty": ""},
+                                                 "metadata.annotations": {"Note": "any text: 1 2 3"}})),
         ("operator-view", with_changes({"metadata": {"name": "j", "namespace": "ns", "uid": "u-1",
                                                      "generation": 3, "resourceVersion": "7",
                                                      "annotations": {"a": "b"}}})),

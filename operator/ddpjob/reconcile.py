@@ -76,11 +76,15 @@ def reconcile(
                       created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
                       force_delete_after=settings.force_delete_after_seconds)
     try:
-        _act(body, job, status, plan, memory, kube, post_event, now)
+        requeue = _act(body, job, status, plan, memory, kube, post_event, now)
     except ApiError as exc:
         return _report_error(body, exc, memory, kube, settings, post_event)
+    except Exception as exc:  # a bug must reach the user too, not only the operator's log
+        logger.exception("%s: reconcile failed", meta.get("name"))
+        return _report_error(body, ApiError(0, type(exc).__name__, str(exc), "reconcile"),
+                             memory, kube, settings, post_event)
     memory.consecutive_errors, memory.last_error = 0, ""
-    return plan.requeue_after
+    return requeue
 
 
 def _parsed(body: Mapping[str, Any], memory: JobMemory, parse: Parse) -> spec.DDPJob:
@@ -97,8 +101,9 @@ def _write_status(body: Mapping[str, Any], new: JobStatus, memory: JobMemory, ku
 
 
 def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, plan: Plan,
-         memory: JobMemory, kube: Any, post_event: PostEvent, now: dt.datetime) -> None:
-    """Carry out ``plan``: status first (the intent survives a crash), then the children."""
+         memory: JobMemory, kube: Any, post_event: PostEvent, now: dt.datetime) -> Optional[float]:
+    """Carry out ``plan``: status first (the intent survives a crash), then the children.
+    Returns when the next pass is due."""
     meta = body["metadata"]
     namespace = meta["namespace"]
     if plan.status != old:
@@ -138,7 +143,7 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
             _write_status(body, failed.status, memory, kube)
             for event in failed.events:
                 post_event(event)
-            return  # the next pass (woken by the new pods' events) releases what was created
+            return failed.requeue_after  # the next pass (woken by the new pods' events) releases what was created
         errors.extend(o.error for o in outcomes if o.error is not None)
 
     if plan.delete_job:
@@ -147,6 +152,7 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ApiError(first.status, first.reason, first.message + more, first.what)
+    return plan.requeue_after
 
 
 def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,

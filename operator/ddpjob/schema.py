@@ -362,8 +362,11 @@ def _join_path(base: str, relative: Optional[str]) -> str:
 def defaulted_manifest(obj: Any) -> tuple[dict, list[Problem]]:
     """Check ``obj`` and return (a defaulted plain copy of it, every problem found).
 
-    ``metadata`` is ObjectMeta (the API server's to check); only ``name``, ``namespace`` and
-    ``labels`` are looked at here, and ``status`` is ignored.
+    ``metadata`` is ObjectMeta: its field names, the types of ``name``, ``namespace``, ``labels``
+    and ``annotations``, and the syntax of label and annotation keys and label values are
+    checked as the API server checks them. ``status`` is the operator's: the API server drops
+    it on create without checking its values, but strict field validation (``kubectl apply``'s
+    default) refuses an unknown field in it, so only that is reported.
     """
     if not isinstance(obj, AbcMapping):
         return {}, [Problem("", f"a DDPJob must be a mapping (apiVersion, kind, metadata, spec), "
@@ -379,6 +382,8 @@ def defaulted_manifest(obj: Any) -> tuple[dict, list[Problem]]:
         if key not in TOP_LEVEL_FIELDS:
             problems.append(Problem(str(key), "unknown field"))
     metadata = _check_metadata(obj.get("metadata"), problems)
+    if obj.get("status") is not None:
+        problems += _status_problems(obj["status"])
 
     walker = _SchemaWalker()
     spec_value = obj.get("spec")
@@ -416,13 +421,85 @@ def _check_metadata(metadata: Any, problems: list[Problem]) -> dict:
     namespace = metadata.get("namespace")
     if namespace is not None and not isinstance(namespace, str):
         problems.append(Problem("metadata.namespace", f"must be a string, got {describe_value(namespace)}"))
-    labels = metadata.get("labels")
-    if labels is not None:
+    for key in metadata:
+        if key not in OBJECT_META_FIELDS:
+            problems.append(Problem(f"metadata.{key}", "unknown field"))
+    for kind in ("labels", "annotations"):
+        if metadata.get(kind) is None:
+            continue
         walker = _SchemaWalker()
-        out["labels"] = walker.walk({"type": "object", "additionalProperties": {"type": "string"}},
-                                    labels, "metadata.labels")
+        out[kind] = walker.walk({"type": "object", "additionalProperties": {"type": "string"}},
+                                metadata[kind], f"metadata.{kind}")
         problems += walker.problems
+        if not walker.problems:
+            problems += [Problem(f"metadata.{kind}", p) for p in
+                         (_label_problems(out[kind]) if kind == "labels" else _annotation_problems(out[kind]))]
     return out
+
+
+# ObjectMeta's fields (k8s.io/apimachinery/pkg/apis/meta/v1): the API server's strict field
+# validation refuses any other key under metadata.
+OBJECT_META_FIELDS = (
+    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels",
+    "annotations", "ownerReferences", "finalizers", "managedFields",
+)
+# The API server's label and annotation syntax (k8s.io/apimachinery/pkg/util/validation).
+_QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_MAX_ANNOTATIONS_BYTES = 256 * 1024
+
+
+def qualified_name_problem(key: str) -> Optional[str]:
+    """Why ``key`` is not a valid label/annotation key (``[prefix/]name``), or None."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return "at most one '/' (an optional DNS subdomain prefix, then a name)"
+    name = parts[-1]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix or len(prefix) > 253 or not _DNS_1123_SUBDOMAIN.fullmatch(prefix):
+            return ("the prefix before '/' must be a lowercase DNS subdomain (at most 253 "
+                    "characters)")
+    if not name or len(name) > 63 or not _QUALIFIED_NAME_PART.fullmatch(name):
+        return ("the name must be 1 to 63 characters: letters, digits, '-', '_' or '.', "
+                "starting and ending with a letter or digit")
+    return None
+
+
+def _label_problems(labels: Mapping[str, str]) -> list[str]:
+    problems = []
+    for key, value in labels.items():
+        why = qualified_name_problem(key)
+        if why:
+            problems.append(f"invalid label key {json.dumps(key)}: {why}")
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            problems.append(f"invalid value {json.dumps(value)} of label {json.dumps(key)}: at most 63 "
+                            "characters, letters, digits, '-', '_' or '.', starting and ending "
+                            "with a letter or digit (or empty)")
+    return problems
+
+
+def _annotation_problems(annotations: Mapping[str, str]) -> list[str]:
+    problems = []
+    for key in annotations:
+        why = qualified_name_problem(key.lower())
+        if why:
+            problems.append(f"invalid annotation key {json.dumps(key)}: {why}")
+    size = sum(len(k) + len(v) for k, v in annotations.items())
+    if size > _MAX_ANNOTATIONS_BYTES:
+        problems.append(f"annotations total {size} bytes; at most {_MAX_ANNOTATIONS_BYTES}")
+    return problems
+
+
+def _status_problems(status: Any) -> list[Problem]:
+    """Unknown fields under ``status`` (the only status problem the API server refuses)."""
+    from ddpjob import crd  # crd imports this module
+
+    walker = _SchemaWalker()
+    walker.walk(crd.status_schema(), status, "status")
+    return [p for p in walker.problems if p.message == "unknown field"]
 
 
 def validate_ddpjob(obj: Any) -> list[Problem]:

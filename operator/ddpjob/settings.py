@@ -1,7 +1,8 @@
 """Operator settings, read once from the environment (prefix ``DDPJOB_OPERATOR_``).
 
-Namespace scoping is not here: it is kopf's ``--namespace`` / ``--all-namespaces`` flag (the
-Deployment passes it from its own environment), so one place decides what is watched.
+Namespace scoping is kopf's ``--namespace`` / ``--all-namespaces`` flag; the ``ddpjob-operator``
+command (handlers.main) also reads it from ``DDPJOB_OPERATOR_NAMESPACES``, so the Deployment
+can scope the operator by setting one variable.
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ class OperatorSettings:
     """Timeout of each Kubernetes API request the operator makes itself."""
     kubeconfig: Optional[str] = None
     """Kubeconfig for the operator's own requests (default: in-cluster, then $KUBECONFIG)."""
+    namespaces: str = ""
+    """``ddpjob-operator`` only: comma-separated namespaces to serve; empty: all namespaces."""
+    liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
+    """``ddpjob-operator`` only: kopf's liveness endpoint (the Deployment's probe)."""
 
 
 def load_settings(environ: Optional[Mapping[str, str]] = None) -> OperatorSettings:

@@ -125,7 +125,7 @@ class PodMetadata:
     # The operator's labels select the pods (Service selector, restart bookkeeping).
     __rules__ = (
         Rule(
-            cel=f"self.labels.all(k, !k.startsWith('{contract.API_GROUP}/'))",
+            cel=f"!has(self.labels) || self.labels.all(k, !k.startsWith('{contract.API_GROUP}/'))",
             message=f"labels under {contract.API_GROUP}/ are set by the operator",
             check=lambda m: not any(k.startswith(f"{contract.API_GROUP}/") for k in m["labels"]),
             field_path=".labels",
@@ -161,13 +161,13 @@ class PodTemplateSpec:
     # Caught here rather than as a pod the API server refuses after the job was accepted.
     __rules__ = (
         Rule(
-            cel="self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+            cel="!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
             message="volume names must be unique",
             check=lambda t: len({v["name"] for v in t["volumes"]}) == len(t["volumes"]),
             field_path=".volumes",
         ),
         Rule(
-            cel=f"self.volumes.all(v, v.name != '{SHM_VOLUME_NAME}')",
+            cel=f"!has(self.volumes) || self.volumes.all(v, v.name != '{SHM_VOLUME_NAME}')",
             message=f"volume name {SHM_VOLUME_NAME} is the operator's (/dev/shm); choose another",
             check=lambda t: all(v["name"] != SHM_VOLUME_NAME for v in t["volumes"]),
             field_path=".volumes",

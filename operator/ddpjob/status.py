@@ -230,7 +230,8 @@ def with_phase(status: JobStatus, phase: str, reason: str, message: str, now: dt
                *, created: Optional[bool] = None, created_reason: str = "",
                created_message: str = "") -> JobStatus:
     """``status`` in ``phase``: the condition named after the phase True, with the phase's
-    reason and message; the other phase conditions False (refreshed only when they flip).
+    reason and message; the others False (with the phase as reason when first listed, and the
+    reason and message that made them flip when they stop being True).
 
     ``created`` sets the Created condition: True once the current attempt's pods have been
     created (its lastTransitionTime is when the attempt started: the startup clock), False
@@ -242,14 +243,15 @@ def with_phase(status: JobStatus, phase: str, reason: str, message: str, now: dt
         conditions = set_condition(conditions, CREATED, created, created_reason or reason,
                                    created_message or message, now)
     elif status.condition(CREATED) is None:
-        conditions = set_condition(conditions, CREATED, False, reason, message, now)
+        conditions = set_condition(conditions, CREATED, False, phase, "", now)
     for type_ in _PHASE_CONDITIONS:
+        previous = next((c for c in conditions if c.type == type_), None)
         if type_ == phase:
             conditions = set_condition(conditions, type_, True, reason, message, now)
-        else:
-            previous = next((c for c in conditions if c.type == type_), None)
-            if previous is None or previous.status == "True":
-                conditions = set_condition(conditions, type_, False, reason, message, now)
+        elif previous is None:  # not yet: the phase says why
+            conditions = set_condition(conditions, type_, False, phase, "", now)
+        elif previous.status == "True":  # no longer: why it flipped
+            conditions = set_condition(conditions, type_, False, reason, message, now)
     return replace(status, phase=phase, reason=reason, message=message, conditions=conditions)
 
 

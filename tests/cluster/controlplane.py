@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -28,9 +29,9 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 
 
 def control_plane_binaries() -> Path:
-    """The folder with the four binaries: $DDPJOB_CONTROL_PLANE_BIN, or whatever the build
-    script prints (it builds what is missing, which takes minutes the first time)."""
-    override = os.environ.get("DDPJOB_CONTROL_PLANE_BIN")
+    """The folder with the four binaries: $DDPJOB_CONTROL_PLANE_DIR (scripts/test.sh sets it),
+    or whatever the build script prints (it builds what is missing: minutes the first time)."""
+    override = os.environ.get("DDPJOB_CONTROL_PLANE_DIR")
     if override:
         folder = Path(override)
     else:
@@ -148,7 +149,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         for process in reversed(self.processes):
-            process.stop(grace_seconds=5)
+            process.stop(grace_seconds=3)
         self.processes.clear()
         shutil.rmtree(self.etcd_dir, ignore_errors=True)
 
@@ -163,6 +164,9 @@ class ControlPlane:
             [str(self.bin_dir / component), *flags],
             self.log_dir / f"{component}.log",
             pidfile=self.pidfile,
+            # Nothing in a throwaway cluster is worth a graceful shutdown once the test run
+            # is gone (a SIGTERMed API server can linger for a minute retrying etcd).
+            death_signal=signal.SIGKILL,
         ).start()
         self.processes.append(process)
         return process

@@ -23,7 +23,7 @@ from pathlib import Path
 from .dns import ClusterRecords, DnsServer
 from .pod_network import Bridge
 from .pod_status import now
-from .pod_volumes import MountpointRegistry
+from .pod_volumes import MEMORY_VOLUMES_ROOT, MountpointRegistry
 from .pod_worker import AgentContext, PodWorker, delete_finished_pod
 from .rest import ApiError, Informer, RestClient
 
@@ -299,6 +299,10 @@ def main(argv: list[str] | None = None) -> None:
         agent.shutdown()
         bridge.teardown()
         registry.remove_all()
+        try:
+            MEMORY_VOLUMES_ROOT.rmdir()
+        except OSError:
+            pass
         log.info("stopped")
 
 

@@ -22,17 +22,46 @@ from .processes import ManagedProcess, wait_for
 MANIFESTS_DIR = REPO_ROOT / "manifests"
 OPERATOR_NAMESPACE = "ddpjob-system"
 OPERATOR_SERVICE_ACCOUNT = "ddpjob-operator"
-# The one place to change how the operator is started (or set $DDPJOB_OPERATOR_COMMAND).
+OPERATOR_DEPLOYMENT = "ddpjob-operator"
+# How the operator starts when manifests/ has no Deployment to copy it from.
 # {python} is this interpreter; {liveness} is kopf's health endpoint, which the fixture waits
-# for before a test may count on the operator.
-DEFAULT_OPERATOR_COMMAND = (
-    "{python} -m kopf run --all-namespaces --liveness={liveness} -m ddpjob.handlers"
+# for before a test may count on the operator. $DDPJOB_OPERATOR_COMMAND overrides both.
+FALLBACK_OPERATOR_COMMAND = (
+    "{python} -m kopf run --standalone --all-namespaces --liveness={liveness} -m ddpjob.handlers"
 )
 TOKEN_DURATION = "24h"
 
 
-def operator_command() -> str:
-    return os.environ.get("DDPJOB_OPERATOR_COMMAND", DEFAULT_OPERATOR_COMMAND)
+def _operator_container(documents: list[dict]) -> dict | None:
+    for document in documents:
+        if (document.get("kind") == "Deployment"
+                and document["metadata"]["name"] == OPERATOR_DEPLOYMENT):
+            return document["spec"]["template"]["spec"]["containers"][0]
+    return None
+
+
+def operator_command(documents: list[dict] | None = None) -> str:
+    """$DDPJOB_OPERATOR_COMMAND, else the Deployment's command and args (what production
+    runs) with ``--liveness={liveness}`` added, else the fallback."""
+    override = os.environ.get("DDPJOB_OPERATOR_COMMAND")
+    if override:
+        return override
+    container = _operator_container(render_manifests() if documents is None else documents)
+    if container is None or not container.get("command"):
+        return FALLBACK_OPERATOR_COMMAND
+    argv = [*container["command"], *container.get("args", [])]
+    # A console script of this environment (ddpjob-operator), as the image's PATH finds it.
+    local = Path(sys.executable).parent / argv[0]
+    if local.exists():
+        argv[0] = str(local)
+    return shlex.join(argv) + " --liveness={liveness}"
+
+
+def operator_environment(documents: list[dict] | None = None) -> dict[str, str]:
+    """The plain ``value`` env of the Deployment's container, so settings match production."""
+    container = _operator_container(render_manifests() if documents is None else documents)
+    return {e["name"]: e.get("value", "") for e in (container or {}).get("env", [])
+            if "valueFrom" not in e}
 
 
 def render_manifests(directory: Path = MANIFESTS_DIR) -> list[dict]:
@@ -82,8 +111,10 @@ class OperatorProcess:
     ``restart()``, ``stop()``, ``logs()``; its output accumulates in ``log_path``."""
 
     def __init__(self, command: str, kubeconfig: Path, log_path: Path, *,
-                 extra_pythonpath: str | None = None, register=None):
+                 extra_pythonpath: str | None = None, env: dict[str, str] | None = None,
+                 register=None):
         self.command_template = command
+        self.extra_env = env or {}
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.extra_pythonpath = extra_pythonpath
@@ -100,7 +131,7 @@ class OperatorProcess:
         return shlex.split(command)
 
     def start(self, timeout: float = 60) -> "OperatorProcess":
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, **self.extra_env, "KUBECONFIG": str(self.kubeconfig)}
         if self.extra_pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (self.extra_pythonpath, os.environ.get("PYTHONPATH")) if p)

@@ -20,15 +20,20 @@ from typing import Mapping, Sequence
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the process that started us dies, even by SIGKILL.
+def _die_with_parent(death_signal: int):
+    """For the child: its own session, and ``death_signal`` when the process that started
+    it dies, even by SIGKILL (so a killed pytest leaves nothing running).
 
     The kernel ties this to the *thread* that forked, so only use it for processes started
     from the main thread (the pytest fixtures do).
     """
-    os.setsid()
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    def preexec() -> None:
+        os.setsid()
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, death_signal)
+
+    return preexec
 
 
 class ProcessExited(RuntimeError):
@@ -90,6 +95,7 @@ class ManagedProcess:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         pidfile: PidFile | None = None,
+        death_signal: int = signal.SIGTERM,
     ):
         self.name = name
         self.argv = [str(a) for a in argv]
@@ -97,6 +103,7 @@ class ManagedProcess:
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
         self.pidfile = pidfile
+        self.death_signal = death_signal
         self.popen: subprocess.Popen | None = None
 
     def start(self) -> "ManagedProcess":
@@ -111,7 +118,7 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 cwd=self.cwd,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent(self.death_signal),
             )
         if self.pidfile:
             self.pidfile.add(self.popen.pid, os.path.basename(self.argv[0]))

@@ -31,8 +31,10 @@ class RestClient:
         self.server = server.rstrip("/")
         self.pool = urllib3.PoolManager(
             num_pools=4,
-            maxsize=64,
-            block=False,
+            # Blocking: hundreds of pod threads queue for a connection instead of opening
+            # (and discarding) extra ones.
+            maxsize=48,
+            block=True,
             cert_reqs="CERT_REQUIRED",
             ca_certs=ca_cert,
             cert_file=client_cert,

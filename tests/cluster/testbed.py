@@ -104,15 +104,28 @@ class LocalTestbed:
 
     # -- helpers --------------------------------------------------------------------------
     def _take_lock(self) -> None:
+        """One test bed per machine; a second run waits its turn (up to
+        $DDPJOB_TESTBED_LOCK_TIMEOUT seconds, default 900) rather than failing."""
         self.lock_handle = open(STATE_ROOT / "lock", "a+")
-        try:
-            fcntl.flock(self.lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.lock_handle.seek(0)
-            holder = self.lock_handle.read().strip()
-            raise RuntimeError(
-                f"another test bed run holds {STATE_ROOT / 'lock'} ({holder}); one per machine"
-            ) from None
+        timeout = float(os.environ.get("DDPJOB_TESTBED_LOCK_TIMEOUT", "900"))
+        deadline = time.monotonic() + timeout
+        announced = False
+        while True:
+            try:
+                fcntl.flock(self.lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                self.lock_handle.seek(0)
+                holder = self.lock_handle.read().strip()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"another test bed run still holds {STATE_ROOT / 'lock'} ({holder}) "
+                        f"after {timeout:.0f}s; one test bed per machine") from None
+                if not announced:
+                    print(f"test bed: waiting for {STATE_ROOT / 'lock'} ({holder})",
+                          file=sys.stderr)
+                    announced = True
+                time.sleep(1)
         self.lock_handle.truncate(0)
         self.lock_handle.write(f"pid {os.getpid()}\n")
         self.lock_handle.flush()

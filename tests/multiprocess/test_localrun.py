@@ -1,7 +1,6 @@
 """`ddpjob run` with real processes: real gloo training, failures, restarts, Ctrl-C.
 
-Each test runs `ddpjob run -f FILE` in a child process (the `run` subcommand's own parser and
-handler, so it does not depend on the other subcommands) and judges its exit code and output.
+Each test runs `ddpjob run -f FILE` in a child process and judges its exit code and output.
 Node programs are tiny `python -c` scripts except for the training tests. Kept small: the CI
 machine has 2 cores.
 """
@@ -24,18 +23,8 @@ import yaml
 pytestmark = pytest.mark.multiprocess
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN_DDPJOB = textwrap.dedent("""
-    import argparse, sys
-    from ddpjob import localrun
-    parser = argparse.ArgumentParser(prog="ddpjob")
-    localrun.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(sys.argv[1:])
-    sys.exit(args.handler(args))
-""")
-
-
 def ddpjob_run(*argv: str) -> list[str]:
-    return [sys.executable, "-c", RUN_DDPJOB, "run", *argv]
+    return [sys.executable, "-m", "ddpjob.cli", "run", *argv]
 
 
 def write_job(tmp_path: Path, node_script: str, *, nnodes=2, max_restarts=0, grace=5, **spec) -> Path:
@@ -74,11 +63,35 @@ def test_plain_env_script_example_trains_on_two_nodes():
     assert "succeeded" in result.stderr
 
 
+def local_gpu_count() -> int:
+    from ddpjob.local_plan import visible_gpu_ids
+
+    return len(visible_gpu_ids(os.environ))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(local_gpu_count() == 0, reason="no CUDA GPU on this machine")
+def test_plain_env_script_on_gpus_with_nccl_one_gpu_per_node(tmp_path):
+    documents = list(yaml.safe_load_all((ROOT / "examples/ddpjob-plain-env.yaml").read_text()))
+    job = documents[-1]
+    nnodes = min(2, local_gpu_count())
+    job["spec"].update(device="gpu", nnodes=nnodes)
+    manifest = tmp_path / "gpu.yaml"
+    manifest.write_text(yaml.safe_dump_all(documents))
+    result = run(manifest, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert all(f"rank {r}/{nnodes} ok" in result.stdout for r in range(nnodes))
+    # One more node than GPUs: refused before anything starts, as pods would stay Pending.
+    job["spec"].update(nnodes=local_gpu_count() + 1)
+    manifest.write_text(yaml.safe_dump_all(documents))
+    refused = run(manifest)
+    assert refused.returncode == 2 and "GPUs" in refused.stderr
+
+
 @pytest.mark.skipif(not (ROOT / "examples/ddpjob.yaml").exists(), reason="examples/ddpjob.yaml does not exist yet")
-def test_readme_main_job_runs_through_the_ddpjob_command(tmp_path):
-    # The README's "run the main job": `ddpjob run -f examples/ddpjob.yaml`, via the real CLI.
-    result = subprocess.run([sys.executable, "-m", "ddpjob.cli", "run", "-f", str(ROOT / "examples/ddpjob.yaml"),
-                             "--workdir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+def test_readme_main_job_runs(tmp_path):
+    # The README's "run the main job": `ddpjob run -f examples/ddpjob.yaml`, unchanged.
+    result = run(ROOT / "examples/ddpjob.yaml", "--workdir", str(tmp_path), timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "[node-0]" in result.stdout and "[node-1]" in result.stdout
     assert "succeeded" in result.stderr
@@ -124,12 +137,14 @@ def test_permanent_failure_fails_the_run_with_its_code_and_stops_the_other_node(
         import os, sys, time
         print("pid", os.getpid(), flush=True)
         if os.environ["NODE_RANK"] == "0":
-            time.sleep(1)  # let node 1 print its pid first
+            while not os.path.exists("node-1.started"):  # fail only once node 1 runs
+                time.sleep(0.05)
             sys.exit(2)
+        open("node-1.started", "w").close()
         time.sleep(120)
     """, max_restarts=3)
     started = time.monotonic()
-    result = run(manifest)
+    result = run(manifest, "--workdir", str(tmp_path))
     assert result.returncode == 2, result.stderr
     assert time.monotonic() - started < 60
     assert "node 0 exited 2 (bad configuration, permanent); job t failed" in result.stderr
@@ -202,6 +217,27 @@ def test_a_signal_stops_every_process_and_exits_128_plus_it(tmp_path, signum, co
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)]
     assert f"{signal.Signals(signum).name}: stopped every node" in runner.stderr.read()
+
+
+def test_a_second_ctrl_c_kills_at_once_instead_of_waiting_the_grace_period(tmp_path):
+    manifest = write_job(tmp_path, """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(120)
+    """, grace=60)
+    runner = subprocess.Popen(ddpjob_run("-f", str(manifest)), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert runner.stdout.readline() and runner.stdout.readline()  # both nodes are up
+        runner.send_signal(signal.SIGINT)
+        time.sleep(1)
+        assert runner.poll() is None  # waiting out the grace period
+        runner.send_signal(signal.SIGINT)
+        assert runner.wait(timeout=10) == 130
+    finally:
+        if runner.poll() is None:
+            runner.kill()
 
 
 def test_big_output_arrives_whole_and_prefixed(tmp_path):

@@ -339,6 +339,9 @@ def test_the_ddpjob_package_never_imports_torch():
     code = textwrap.dedent("""
         import sys
         import ddpjob.localrun, ddpjob.local_plan, ddpjob.local_supervisor, ddpjob.local_volumes
+        import ddpjob.schema  # what `ddpjob run` loads the file with
+        from ddpjob.cli import build_parser
+        build_parser()  # imports every subcommand's module
         leaked = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
         sys.exit(f"torch imported: {leaked[:5]}" if leaked else 0)
     """)

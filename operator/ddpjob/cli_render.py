@@ -1,0 +1,70 @@
+"""`ddpjob render -f FILE`: print, as YAML, exactly the Service and Pods the operator would create.
+
+The operator builds its children with the same functions (ddpjob.builders), so what this prints
+is what `kubectl apply -f FILE` leads to, attempt 0. Owner references are left out: they need
+the uid the API server gives the DDPJob when it is created.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Optional, TextIO
+
+import yaml
+
+from ddpjob import builders, spec
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+
+
+def render_objects(job: spec.DDPJob, attempt: int = 0) -> list[dict[str, Any]]:
+    """The children of one DDPJob: its Service, then its pods in rank order."""
+    return [builders.build_service(job), *builders.build_pods(job, attempt)]
+
+
+def render_yaml(jobs: list[spec.DDPJob], attempt: int = 0) -> str:
+    objects = [obj for job in jobs for obj in render_objects(job, attempt)]
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, explicit_start=True)
+
+
+def run_render(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
+    from ddpjob.cli_validate import ManifestError, load_ddpjobs  # shared file reading and validation
+
+    out, err = out or sys.stdout, err or sys.stderr
+    jobs: list[spec.DDPJob] = []
+    try:
+        for filename in args.filename:
+            jobs += load_ddpjobs(filename, default_namespace=args.namespace)
+    except ManifestError as exc:
+        print(exc, file=err)
+        return EXIT_INVALID
+    out.write(render_yaml(jobs, args.attempt))
+    return EXIT_OK
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``render`` on the ``ddpjob`` command's subparsers."""
+    parser = subparsers.add_parser(
+        "render", help="print the Service and Pods the operator would create for a DDPJob",
+        description=__doc__.split("\n\n")[0] + " Exit 0, or 2 with one line per problem if invalid.")
+    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
+                        help="manifest file, '-' for standard input (repeatable)")
+    parser.add_argument("-n", "--namespace", default="default",
+                        help="namespace for a DDPJob whose manifest names none (default: %(default)s)")
+    parser.add_argument("--attempt", type=int, default=0, metavar="N",
+                        help="render the pods of restart attempt N (default: %(default)s)")
+    parser.set_defaults(handler=run_render)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m ddpjob.cli_render -f FILE``: the subcommand on its own."""
+    parser = argparse.ArgumentParser(prog="ddpjob")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["render", *(sys.argv[1:] if argv is None else argv)])
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""Which cluster the end-to-end suite runs against: DDPJOB_E2E_TARGET=local (default: the
+test bed started by the fixtures) or kind (the current kube context)."""
+import os
+
+import pytest
+
+TARGET = os.environ.get("DDPJOB_E2E_TARGET", "local")
+
+# For tests that check the local test bed itself rather than behaviour a cluster shares.
+local_testbed_only = pytest.mark.skipif(
+    TARGET != "local", reason="checks the local test bed itself (DDPJOB_E2E_TARGET=local)")

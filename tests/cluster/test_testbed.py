@@ -1,0 +1,425 @@
+"""Smoke tests of the test bed itself, on plain Pods: the control plane, the node agent
+(process, status, deletion, volumes, DNS), the real controllers and admission, and an
+operator that runs under its ServiceAccount's RBAC."""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from .kube import KubectlError
+from .target import local_testbed_only
+
+pytestmark = pytest.mark.cluster
+# Locally the image is ignored (the node agent runs the host's Python); on kind it must
+# contain python, run as root, and be loadable (scripts/e2e-kind.sh loads it).
+PYTHON_IMAGE = os.environ.get("DDPJOB_E2E_PYTHON_IMAGE", "python:3.11-slim")
+
+
+# -- helpers ------------------------------------------------------------------------------
+def python_pod(name: str, code: str, *, image: str = PYTHON_IMAGE, **spec) -> dict:
+    """A Pod whose one container runs ``python -c code`` (restartPolicy Never)."""
+    container = {"name": "main", "image": image, "imagePullPolicy": "IfNotPresent",
+                 "command": ["python", "-u", "-c", textwrap.dedent(code)]}
+    container.update(spec.pop("container", {}))
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": spec.pop("labels", {}),
+                     **spec.pop("metadata", {})},
+        "spec": {"restartPolicy": "Never", "containers": [container], **spec},
+    }
+
+
+def get_pod(kubectl, namespace: str, name: str) -> dict | None:
+    result = kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def wait_for_phase(kubectl, wait_for, namespace, name, phases, timeout=60) -> dict:
+    def reached():
+        pod = get_pod(kubectl, namespace, name)
+        return pod if pod and pod.get("status", {}).get("phase") in phases else None
+
+    return wait_for(reached, timeout, f"pod {namespace}/{name} in phase {phases}")
+
+
+def terminated(pod: dict) -> dict:
+    return pod["status"]["containerStatuses"][0]["state"]["terminated"]
+
+
+# -- the control plane --------------------------------------------------------------------
+@local_testbed_only
+def test_control_plane_is_ready_and_pinned(cluster, kubectl, nodes):
+    assert kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+    version = json.loads(kubectl("version", "-o", "json").stdout)
+    assert version["serverVersion"]["gitVersion"] == "v1.36.3"
+    assert len(nodes.names) >= 1
+    print(f"control plane started in {cluster.testbed.control_plane.startup_seconds:.1f}s")
+
+
+# -- the node agent: processes and status -------------------------------------------------
+def test_pod_runs_to_success_with_status(kubectl, namespace, wait_for, pod_logs):
+    pod = python_pod("ok", """
+        import os, socket
+        print("hello from", os.environ["POD_NAME"], os.environ["POD_IP"], socket.gethostname())
+        with open("/dev/termination-log", "w") as f:
+            f.write("all done")
+    """, container={"env": [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]})
+    kubectl.apply_yaml(pod, "-n", namespace)
+    done = wait_for_phase(kubectl, wait_for, namespace, "ok", ["Succeeded", "Failed"])
+    state = terminated(done)
+    assert done["status"]["phase"] == "Succeeded", state
+    assert (state["exitCode"], state["reason"], state["message"]) == (0, "Completed", "all done")
+    assert state["startedAt"] and state["finishedAt"]
+    pod_ip = done["status"]["podIP"]
+    wait_for(lambda: f"hello from ok {pod_ip} ok" in pod_logs(namespace, "ok"), 10,
+             "the pod's output in pod_logs")
+
+
+def test_failing_pods_report_exit_code_and_reason(kubectl, namespace, wait_for):
+    kubectl.apply_yaml([
+        python_pod("exits-3", "import sys; print('boom: bad config', file=sys.stderr); "
+                   "sys.exit(3)",
+                   container={"terminationMessagePolicy": "FallbackToLogsOnError"}),
+        {**python_pod("no-binary", ""),
+         "spec": {"restartPolicy": "Never",
+                  "containers": [{"name": "main", "image": PYTHON_IMAGE,
+                                  "imagePullPolicy": "IfNotPresent",
+                                  "command": ["no-such-binary"]}]}},
+    ], "-n", namespace)
+    failed = wait_for_phase(kubectl, wait_for, namespace, "exits-3", ["Succeeded", "Failed"])
+    assert failed["status"]["phase"] == "Failed"
+    state = terminated(failed)
+    assert (state["exitCode"], state["reason"]) == (3, "Error")
+    assert "boom: bad config" in state["message"]  # the log tail, as the policy asks
+
+    not_started = wait_for_phase(kubectl, wait_for, namespace, "no-binary", ["Failed"])
+    state = terminated(not_started)
+    assert (state["exitCode"], state["reason"]) == (128, "StartError")
+    assert "no-such-binary" in state["message"]
+
+
+def test_delete_sends_sigterm_then_sigkill_after_grace(kubectl, namespace, wait_for, pod_logs):
+    kubectl.apply_yaml([
+        python_pod("polite", """
+            import signal, sys, time
+            def stop(signum, frame):
+                print("got SIGTERM", flush=True)
+                sys.exit(0)
+            signal.signal(signal.SIGTERM, stop)
+            print("ready", flush=True)
+            time.sleep(600)
+        """),
+        python_pod("stubborn", """
+            import signal, time
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            print("ready", flush=True)
+            time.sleep(600)
+        """, terminationGracePeriodSeconds=2),
+    ], "-n", namespace)
+    for name in ("polite", "stubborn"):
+        wait_for(lambda n=name: "ready" in pod_logs(namespace, n), 60, f"{name} ready")
+    started = time.monotonic()
+    kubectl("delete", "pod", "polite", "stubborn", "-n", namespace, "--wait=false")
+    wait_for(lambda: get_pod(kubectl, namespace, "polite") is None, 30, "polite pod removed")
+    polite_seconds = time.monotonic() - started
+    wait_for(lambda: get_pod(kubectl, namespace, "stubborn") is None, 30, "stubborn removed")
+    stubborn_seconds = time.monotonic() - started
+    assert "got SIGTERM" in pod_logs(namespace, "polite")
+    assert polite_seconds < 10  # it exited on SIGTERM; nobody waited for the grace period
+    assert stubborn_seconds >= 2  # SIGKILL only once its grace period had passed
+
+
+# -- volumes and environment ----------------------------------------------------------------
+def test_configmap_emptydir_hostpath_volumes_and_env(kubectl, namespace, wait_for,
+                                                      shared_host_dir, cluster):
+    script = textwrap.dedent("""
+        import json, os
+        shm = os.statvfs("/dev/shm")
+        with open("/dev/shm/probe", "w") as f:
+            f.write("x")
+        report = {
+            "greeting": os.environ["GREETING"],
+            "namespace": os.environ["POD_NAMESPACE"],
+            "cwd": os.getcwd(),
+            "shm_bytes": shm.f_blocks * shm.f_frsize,
+            "scratch_writable": os.access("/scratch", os.W_OK),
+            "config": open("/etc/app/settings.txt").read(),
+        }
+        with open(f"/shared/{os.environ['POD_NAME']}.json", "w") as f:
+            json.dump(report, f)
+        print(json.dumps(report))
+    """)
+    kubectl.apply_yaml({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "app", "namespace": namespace},
+                        "data": {"main.py": script, "settings.txt": "level=3"}})
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vols", "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main", "image": PYTHON_IMAGE, "imagePullPolicy": "IfNotPresent",
+                # No command: args alone are the command line (there is no image entrypoint).
+                "args": ["python", "/scripts/main.py"],
+                "workingDir": "/scratch",
+                "env": [
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "POD_NAMESPACE",
+                     "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "GREETING", "value": "hi $(POD_NAME)"},
+                ],
+                "volumeMounts": [
+                    {"name": "scripts", "mountPath": "/scripts"},
+                    {"name": "settings", "mountPath": "/etc/app"},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                    {"name": "scratch", "mountPath": "/scratch"},
+                    {"name": "shared", "mountPath": "/shared"},
+                ],
+            }],
+            "volumes": [
+                {"name": "scripts", "configMap": {"name": "app", "items": [
+                    {"key": "main.py", "path": "main.py"}]}},
+                {"name": "settings", "configMap": {"name": "app", "items": [
+                    {"key": "settings.txt", "path": "settings.txt"}]}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                {"name": "scratch", "emptyDir": {}},
+                {"name": "shared", "hostPath": {"path": shared_host_dir,
+                                                "type": "DirectoryOrCreate"}},
+            ],
+        },
+    }
+    kubectl.apply_yaml(pod)
+    done = wait_for_phase(kubectl, wait_for, namespace, "vols", ["Succeeded", "Failed"])
+    assert done["status"]["phase"] == "Succeeded", cluster.pod_logs(namespace, "vols")
+    if cluster.testbed is None:
+        return  # on kind the hostPath lives inside the node container
+    report = json.loads((Path(shared_host_dir) / "vols.json").read_text())
+    assert report["greeting"] == "hi vols"
+    assert report["namespace"] == namespace
+    assert report["cwd"] == "/scratch"
+    assert report["scratch_writable"]
+    assert report["config"] == "level=3"
+    # The Memory emptyDir replaced the container's private 64 MiB /dev/shm.
+    assert report["shm_bytes"] > 64 * 2**20
+
+
+def test_private_dev_shm_is_64_mib_without_a_volume(kubectl, namespace, wait_for, pod_logs,
+                                                    cluster):
+    kubectl.apply_yaml(python_pod("shm", """
+        import os
+        s = os.statvfs("/dev/shm")
+        print("shm", s.f_blocks * s.f_frsize)
+    """), "-n", namespace)
+    wait_for_phase(kubectl, wait_for, namespace, "shm", ["Succeeded"])
+    if cluster.testbed is not None:  # kind's runtime default is the same 64 MiB
+        assert f"shm {64 * 2**20}" in pod_logs(namespace, "shm")
+
+
+# -- networking and DNS ---------------------------------------------------------------------
+SERVER = """
+    import socket
+    sock = socket.socket()
+    sock.bind(("0.0.0.0", 29500))  # the same port in every server pod: own network each
+    sock.listen()
+    print("listening", flush=True)
+    conn, _ = sock.accept()
+    print("received", conn.recv(100).decode(), flush=True)
+    conn.sendall(b"pong from " + socket.gethostname().encode())
+    conn.close()
+"""
+
+CLIENT = """
+    import os, socket, sys, time
+    ns, svc = os.environ["NS"], os.environ["SVC"]
+
+    def resolve(name, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return socket.gethostbyname(name)
+            except socket.gaierror:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.2)
+
+    for host in ("server-a", "server-b"):
+        name = f"{host}.{svc}.{ns}.svc"
+        address = resolve(name, 60)
+        assert address, f"{name} never resolved"
+        assert resolve(name + ".cluster.local", 1) == address
+        for attempt in range(100):
+            try:
+                conn = socket.create_connection((name, 29500), timeout=5)
+                break
+            except OSError:
+                time.sleep(0.2)
+        conn.sendall(b"ping")
+        print(name, address, conn.recv(100).decode(), flush=True)
+    # Names a cluster DNS would not give: a wrong Service, a wrong hostname.
+    for wrong in (f"server-a.no-such-svc.{ns}.svc", f"nobody.{svc}.{ns}.svc"):
+        print(wrong, "->", resolve(wrong, 0), flush=True)
+        assert resolve(wrong, 0) is None, wrong
+    print("client done")
+"""
+
+
+def test_pods_reach_each_other_by_headless_service_names(kubectl, namespace, wait_for,
+                                                         pod_logs):
+    labels = {"app": "dns-test"}
+    kubectl.apply_yaml([
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "peers", "namespace": namespace},
+         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": labels,
+                  "ports": [{"name": "rendezvous", "port": 29500}]}},
+        *[{**python_pod(name, SERVER, labels=labels, hostname=name, subdomain="peers"),
+           } for name in ("server-a", "server-b")],
+        python_pod("client", CLIENT, labels={"app": "client"}, hostname="client",
+                   subdomain="peers",
+                   container={"env": [{"name": "NS", "value": namespace},
+                                      {"name": "SVC", "value": "peers"}]}),
+    ], "-n", namespace)
+    done = wait_for_phase(kubectl, wait_for, namespace, "client", ["Succeeded", "Failed"], 120)
+    log = pod_logs(namespace, "client")
+    assert done["status"]["phase"] == "Succeeded", log
+    assert f"server-a.peers.{namespace}.svc" in log and "pong from server-a" in log
+    assert "pong from server-b" in log
+    for name in ("server-a", "server-b"):
+        wait_for_phase(kubectl, wait_for, namespace, name, ["Succeeded"])
+        assert "received ping" in pod_logs(namespace, name)
+
+
+def test_name_does_not_resolve_without_the_service(kubectl, namespace, wait_for, pod_logs):
+    """The hostname/subdomain alone publish nothing: only a headless Service that selects the
+    pod does (here the Service selects other labels)."""
+    kubectl.apply_yaml([
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "peers", "namespace": namespace},
+         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                  "selector": {"app": "something-else"}}},
+        python_pod("lonely", f"""
+            import socket, sys, time
+            time.sleep(2)  # long enough for a record to appear, were it published
+            try:
+                print("resolved", socket.gethostbyname("lonely.peers.{namespace}.svc"))
+                sys.exit(1)
+            except socket.gaierror as error:
+                print("not resolved:", error)
+        """, labels={"app": "lonely"}, hostname="lonely", subdomain="peers"),
+    ], "-n", namespace)
+    done = wait_for_phase(kubectl, wait_for, namespace, "lonely", ["Succeeded", "Failed"])
+    assert done["status"]["phase"] == "Succeeded", pod_logs(namespace, "lonely")
+
+
+# -- the real controllers and admission -----------------------------------------------------
+def test_garbage_collector_deletes_dependents(kubectl, namespace, wait_for):
+    owner = json.loads(kubectl.apply_yaml(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}},
+        "-n", namespace, "-o", "json").stdout)
+    kubectl.apply_yaml(python_pod("dependent", "import time; time.sleep(600)", metadata={
+        "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                             "uid": owner["metadata"]["uid"]}]}), "-n", namespace)
+    wait_for_phase(kubectl, wait_for, namespace, "dependent", ["Running"])
+    kubectl("delete", "configmap", "owner", "-n", namespace)
+    wait_for(lambda: get_pod(kubectl, namespace, "dependent") is None, 60,
+             "the garbage collector to delete the owned pod")
+
+
+RESTRICTED_SECURITY_CONTEXT = {
+    "runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def test_pod_security_restricted_namespace(kubectl, namespace, wait_for):
+    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    privileged = python_pod("privileged", "print(1)",
+                            container={"securityContext": {"privileged": True}})
+    with pytest.raises(KubectlError) as refused:
+        kubectl.apply_yaml(privileged, "-n", namespace)
+    message = refused.value.result.stderr
+    assert 'violates PodSecurity "restricted:latest"' in message
+    assert "privileged" in message
+    compliant = python_pod("compliant", "print('admitted')",
+                           container={"securityContext": RESTRICTED_SECURITY_CONTEXT})
+    kubectl.apply_yaml(compliant, "-n", namespace)
+    wait_for_phase(kubectl, wait_for, namespace, "compliant", ["Succeeded"])
+
+
+def test_gpu_pod_waits_for_a_gpu_node(kubectl, namespace, wait_for, nodes):
+    pod = python_pod("wants-gpu", "print('on a gpu node')",
+                     container={"resources": {"limits": {"nvidia.com/gpu": 1}}})
+    kubectl.apply_yaml(pod, "-n", namespace)
+
+    def unschedulable():
+        conditions = (get_pod(kubectl, namespace, "wants-gpu") or {}).get(
+            "status", {}).get("conditions", [])
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                   and "nvidia.com/gpu" in c.get("message", "") for c in conditions)
+
+    wait_for(unschedulable, 30, "the scheduler to report Insufficient nvidia.com/gpu")
+    if kubectl("get", "pod", "wants-gpu", "-n", namespace, "-o",
+               "jsonpath={.status.phase}").stdout != "Pending":
+        pytest.fail("a GPU pod left Pending without a GPU node")
+    name = nodes.add(f"gpu-{namespace[-6:]}", gpus=2)
+    try:
+        done = wait_for_phase(kubectl, wait_for, namespace, "wants-gpu", ["Succeeded"], 60)
+        assert done["spec"]["nodeName"] == name
+    finally:
+        nodes.remove(name)
+
+
+# -- an operator under its ServiceAccount's RBAC ---------------------------------------------
+DUMMY_COMMAND = ("{python} -m kopf run --all-namespaces --liveness={liveness} "
+                 "-m cluster.dummy_operator")
+
+
+@local_testbed_only
+def test_operator_runs_as_service_account_under_rbac(kubectl, namespace, start_operator,
+                                                     wait_for):
+    account = "dummy-operator"
+    role = f"{namespace}-dummy"
+    kubectl.apply_yaml([
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": account, "namespace": namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": role},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+                   # kopf itself lists CRDs at startup (peering detection, resource scan).
+                   {"apiGroups": ["apiextensions.k8s.io"],
+                    "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": role},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": role},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+    ])
+    try:
+        operator = start_operator(DUMMY_COMMAND, namespace=namespace, service_account=account,
+                                  name=f"dummy-{namespace}")
+        wait_for(lambda: "RBAC-PROBE list secrets: 403" in operator.logs(), 30,
+                 "the dummy operator's forbidden Secrets probe")
+        kubectl.apply_yaml(python_pod("watched", "print(1)",
+                                      labels={"testbed.ddpjob.dev/dummy": "watch"}),
+                           "-n", namespace)
+        wait_for(lambda: "DUMMY-SAW" in operator.logs() and "/watched" in operator.logs(), 30,
+                 "the dummy operator to see the pod")
+        assert kubectl("auth", "can-i", "list", "secrets",
+                       f"--as=system:serviceaccount:{namespace}:{account}",
+                       check=False).stdout.strip() == "no"
+
+        operator.kill()
+        assert not operator.running
+        operator.restart()
+        wait_for(lambda: operator.logs().count("RBAC-PROBE list secrets: 403") == 2, 30,
+                 "the restarted operator's startup handler")
+        operator.stop()
+    finally:
+        kubectl("delete", "clusterrole,clusterrolebinding", role, "--ignore-not-found")

@@ -1,0 +1,402 @@
+"""decide(): every path a DDPJob can take, as (job, status, pods, now) -> plan."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from ddpjob import spec
+from ddpjob.decide import PodView, decide, decide_invalid, refuse_creation, view_pod
+from ddpjob.status import CREATED, Condition, JobStatus, NodeState, format_time, with_phase
+
+pytestmark = pytest.mark.unit
+
+NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+UID = "uid-job"
+
+
+def ago(seconds: float) -> dt.datetime:
+    return NOW - dt.timedelta(seconds=seconds)
+
+
+def make_job(nnodes: int = 2, **overrides) -> spec.DDPJob:
+    policy = overrides.pop("failurePolicy", spec.FailurePolicy())
+    return spec.DDPJob(name="train", namespace="ns", uid=UID,
+                       spec=spec.DDPJobSpec(nnodes=nnodes, image="img", failurePolicy=policy, **overrides))
+
+
+def pod(rank: int, phase: str = "Running", attempt: int = 0, **kw) -> PodView:
+    defaults = dict(name=f"train-node-{rank}", uid=f"uid-{attempt}-{rank}", node_rank=rank, attempt=attempt,
+                    owner_uid=UID, phase=phase, running=phase == "Running", created_at=ago(30))
+    defaults.update(kw)
+    return PodView(**defaults)
+
+
+def failed(rank: int, code, attempt: int = 0, at: float = 5, reason: str = "Error", **kw) -> PodView:
+    return pod(rank, "Failed", attempt, exit_code=code, terminated_reason=reason, finished_at=ago(at),
+               terminated_message=f"rank {rank} says why", **kw)
+
+
+def gang_status(attempt: int = 0, created_ago: float = 30, phase: str = "Pending", restarts: int = 0,
+                nodes=(), start_ago: float = 30) -> JobStatus:
+    """A status whose gang (attempt) was created ``created_ago`` seconds before NOW."""
+    base = JobStatus(restartAttempt=attempt, restarts=restarts, nnodes=2, startTime=format_time(ago(start_ago)),
+                     nodes=tuple(nodes))
+    return with_phase(base, phase, "PodsCreated", "", ago(created_ago), created=True)
+
+
+def recorded(*ranks: int, phase: str = "Running") -> tuple[NodeState, ...]:
+    return tuple(NodeState(nodeRank=r, pod=f"train-node-{r}", phase=phase, ready=phase == "Running") for r in ranks)
+
+
+def names(pods) -> list[str]:
+    return sorted(p.name for p in pods)
+
+
+def reasons(plan) -> list[str]:
+    return [e.reason for e in plan.events]
+
+
+# --- creating -----------------------------------------------------------------------------------
+def test_new_job_creates_every_pod_and_the_service():
+    plan = decide(make_job(4), JobStatus(), [], NOW, generation=3)
+    assert plan.create_ranks == (0, 1, 2, 3) and plan.attempt == 0 and plan.ensure_service
+    s = plan.status
+    assert (s.phase, s.ready, s.observedGeneration, s.startTime) == ("Pending", "0/4", 3, format_time(NOW))
+    assert s.is_true(CREATED) and s.condition(CREATED).lastTransitionTime == format_time(NOW)
+    assert reasons(plan) == ["Created"]
+    assert plan.requeue_after == 600  # the startup clock
+
+
+def test_new_job_suspended_creates_nothing():
+    plan = decide(make_job(suspend=True), JobStatus(), [], NOW)
+    assert plan.status.phase == "Suspended" and not plan.create_ranks and plan.status.startTime is None
+
+
+def test_pods_created_but_not_yet_observed_are_not_created_again():
+    plan = decide(make_job(), gang_status(), [], NOW, created_ranks=frozenset({0, 1}))
+    assert plan.create_ranks == () and plan.status.phase == "Pending"
+    assert "2 pod(s) not observed yet" in plan.status.message
+
+
+def test_a_rank_whose_creation_failed_is_created_again():
+    plan = decide(make_job(), gang_status(), [pod(0, "Pending")], NOW, created_ranks=frozenset({0}))
+    assert plan.create_ranks == (1,) and plan.ensure_service
+
+
+def test_pending_pods_are_named_with_the_schedulers_reason():
+    pods = [pod(0), pod(1, "Pending", unschedulable="Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")]
+    plan = decide(make_job(), gang_status(), pods, NOW)
+    s = plan.status
+    assert (s.phase, s.ready, s.readyNodes) == ("Pending", "1/2", 1)
+    assert "train-node-1 Pending (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)" in s.message
+    assert s.nodes[1].reason == "Unschedulable" and s.nodes[1].message.startswith("0/3 nodes")
+    assert plan.requeue_after == pytest.approx(570)
+
+
+# --- running and succeeding ---------------------------------------------------------------------
+def test_all_pods_running_is_running():
+    plan = decide(make_job(), gang_status(), [pod(0, node_name="n0"), pod(1, node_name="n1")], NOW)
+    s = plan.status
+    assert (s.phase, s.ready, s.reason) == ("Running", "2/2", "AllNodesRunning")
+    assert s.is_true("Running") and not s.is_true("Restarting")
+    assert [n.nodeName for n in s.nodes] == ["n0", "n1"]
+    assert reasons(plan) == ["Running"]
+    again = decide(make_job(), s, [pod(0, node_name="n0"), pod(1, node_name="n1")], NOW + dt.timedelta(seconds=5))
+    assert again.status == s and again.events == ()  # nothing to write, nothing to say
+
+
+def test_running_means_every_pod_not_only_the_master():
+    plan = decide(make_job(), gang_status(), [pod(0), pod(1, "Pending")], NOW)
+    assert plan.status.phase == "Pending" and not plan.status.is_true("Running")
+
+
+def test_node_zero_done_while_others_run_is_still_running():
+    plan = decide(make_job(), gang_status(phase="Running"), [pod(0, "Succeeded", exit_code=0), pod(1)], NOW)
+    assert plan.status.phase == "Running" and plan.status.ready == "1/2" and "1 succeeded" in plan.status.message
+
+
+def test_all_pods_succeeded_is_succeeded():
+    pods = [pod(0, "Succeeded", exit_code=0), pod(1, "Succeeded", exit_code=0)]
+    plan = decide(make_job(), gang_status(phase="Running"), pods, NOW)
+    s = plan.status
+    assert (s.phase, s.reason, s.completionTime) == ("Succeeded", "AllNodesSucceeded", format_time(NOW))
+    assert reasons(plan) == ["Succeeded"] and plan.delete == ()  # Running policy: nothing runs
+
+
+def test_succeeded_with_clean_pod_policy_all_deletes_the_finished_pods():
+    pods = [pod(0, "Succeeded", exit_code=0), pod(1, "Succeeded", exit_code=0)]
+    plan = decide(make_job(cleanPodPolicy="All"), gang_status(phase="Running"), pods, NOW)
+    assert names(plan.delete) == ["train-node-0", "train-node-1"]
+
+
+def test_a_succeeded_pod_cleaned_up_by_someone_still_counts():
+    status = gang_status(phase="Running", nodes=recorded(0, phase="Succeeded") + recorded(1))
+    plan = decide(make_job(), status, [pod(1, "Succeeded", exit_code=0)], NOW)
+    assert plan.status.phase == "Succeeded"
+
+
+# --- failures -----------------------------------------------------------------------------------
+def test_permanent_exit_code_fails_at_once_and_frees_the_running_pods():
+    plan = decide(make_job(), gang_status(phase="Running"), [pod(0), failed(1, 2)], NOW)
+    s = plan.status
+    assert (s.phase, s.reason, s.restarts) == ("Failed", "PodFailedPermanent", 0)
+    assert s.failedNode.to_dict() == {"nodeRank": 1, "pod": "train-node-1", "exitCode": 2, "reason": "Error",
+                                      "message": "rank 1 says why"}
+    assert "exited with code 2 (bad configuration (permanent))" in s.message
+    assert names(plan.delete) == ["train-node-0"]  # no pod left holding GPUs (kubeflow/trainer#1579)
+    assert plan.create_ranks == () and reasons(plan) == ["PodFailedPermanent"]
+    assert s.completionTime == format_time(NOW) and s.readyNodes == 0
+
+
+def test_permanent_failure_with_clean_pod_policy_none_keeps_the_pods():
+    plan = decide(make_job(cleanPodPolicy="None"), gang_status(phase="Running"), [pod(0), failed(1, 127)], NOW)
+    assert plan.status.phase == "Failed" and plan.delete == ()
+
+
+@pytest.mark.parametrize("failure", [
+    failed(1, 1),  # a Python exception
+    failed(1, 137, reason="OOMKilled"),  # the OOM killer: retryable, judged by cause
+    failed(1, 13),  # peer lost
+    failed(1, 143),  # preempted, checkpoint saved
+    pod(1, "Failed", pod_reason="Evicted", pod_message="The node was low on resource: memory."),
+    pod(1, "Running", deletion_at=ago(1)),  # deleted from under the job (a drain, a user)
+    pod(1, "Running", deletion_at=ago(1), disruption="PreemptionByScheduler"),
+], ids=["exit1", "oom137", "peer13", "sigterm143", "evicted", "deleted", "preempted"])
+def test_retryable_failure_restarts_the_whole_gang(failure):
+    plan = decide(make_job(), gang_status(phase="Running"), [pod(0), failure], NOW)
+    s = plan.status
+    assert (s.phase, s.reason, s.restarts, s.restartAttempt) == ("Restarting", "RetryableFailure", 1, 1)
+    assert not s.is_true(CREATED) and s.is_true("Restarting")
+    assert s.failedNode.nodeRank == 1 and "restart 1 of 3" in s.message
+    # every pod goes, the healthy one too; the one already being deleted is left alone
+    assert names(plan.delete) == sorted(["train-node-0"] + ([] if failure.deleting else ["train-node-1"]))
+    assert plan.create_ranks == ()
+    event = plan.events[0]
+    assert (event.type, event.reason) == ("Warning", "Restarting") and "node 1 (pod train-node-1)" in event.message
+
+
+def test_eviction_is_recorded_as_the_reason():
+    evicted = pod(1, "Failed", pod_reason="Evicted", pod_message="low on memory")
+    s = decide(make_job(), gang_status(phase="Running"), [pod(0), evicted], NOW).status
+    assert (s.failedNode.reason, s.failedNode.exitCode, s.failedNode.message) == ("Evicted", None, "low on memory")
+
+
+def test_the_first_failure_is_the_cause_not_the_peers_that_followed():
+    pods = [failed(0, 13, at=2), failed(1, 1, at=9)]  # rank 1 died first; rank 0 lost its peer
+    s = decide(make_job(), gang_status(phase="Running"), pods, NOW).status
+    assert s.failedNode.nodeRank == 1 and s.failedNode.exitCode == 1
+
+
+def test_a_permanent_failure_wins_over_an_earlier_retryable_one():
+    s = decide(make_job(), gang_status(phase="Running"), [failed(0, 1, at=9), failed(1, 3, at=2)], NOW).status
+    assert (s.phase, s.failedNode.exitCode) == ("Failed", 3)
+
+
+def test_spent_restart_budget_fails_the_job():
+    status = gang_status(attempt=3, restarts=3, phase="Running")
+    plan = decide(make_job(), status, [pod(0, attempt=3), failed(1, 1, attempt=3)], NOW)
+    assert (plan.status.phase, plan.status.reason) == ("Failed", "RestartBudgetExhausted")
+    assert "restart budget (3) is spent" in plan.status.message and names(plan.delete) == ["train-node-0"]
+
+
+def test_zero_restart_budget_fails_on_the_first_retryable_failure():
+    job = make_job(failurePolicy=spec.FailurePolicy(maxRestarts=0))
+    assert decide(job, gang_status(phase="Running"), [pod(0), failed(1, 1)], NOW).status.reason == "RestartBudgetExhausted"
+
+
+def test_custom_permanent_exit_codes():
+    job = make_job(failurePolicy=spec.FailurePolicy(permanentExitCodes=(42,)))
+    assert decide(job, gang_status(phase="Running"), [pod(0), failed(1, 42)], NOW).status.reason == "PodFailedPermanent"
+    assert decide(job, gang_status(phase="Running"), [pod(0), failed(1, 2)], NOW).status.phase == "Restarting"
+
+
+def test_a_pod_deleted_from_under_the_job_is_a_retryable_failure():
+    status = gang_status(phase="Running", nodes=recorded(0, 1))
+    plan = decide(make_job(), status, [pod(0)], NOW)  # node 1 existed and is gone
+    s = plan.status
+    assert (s.phase, s.failedNode.reason, s.restarts) == ("Restarting", "Deleted", 1)
+    assert names(plan.delete) == ["train-node-0"]
+
+
+# --- restarting: never two gangs ---------------------------------------------------------------
+def restarting_status() -> JobStatus:
+    plan = decide(make_job(), gang_status(phase="Running"), [pod(0), failed(1, 1)], ago(3))
+    return plan.status
+
+
+def test_restart_waits_until_every_old_pod_is_gone():
+    status = restarting_status()
+    old = [pod(0, deletion_at=NOW + dt.timedelta(seconds=20)), failed(1, 1)]
+    plan = decide(make_job(), status, old, NOW)
+    assert plan.create_ranks == () and plan.status.phase == "Restarting"
+    assert names(plan.delete) == ["train-node-1"]  # the one not yet being deleted
+    assert "waiting for 2 old pod(s) to terminate before creating attempt 1" in plan.status.message
+
+
+def test_restart_creates_the_next_attempt_once_the_old_pods_are_gone():
+    status = restarting_status()
+    plan = decide(make_job(), status, [], NOW)
+    assert plan.create_ranks == (0, 1) and plan.attempt == 1 and plan.ensure_service
+    assert plan.status.phase == "Restarting" and plan.status.is_true(CREATED)
+    assert plan.status.condition(CREATED).lastTransitionTime == format_time(NOW)  # startup clock restarts
+    assert plan.status.startTime == status.startTime  # the deadline clock does not
+
+
+def test_the_new_gang_running_ends_the_restart():
+    status = decide(make_job(), restarting_status(), [], ago(2)).status
+    plan = decide(make_job(), status, [pod(0, attempt=1), pod(1, attempt=1)], NOW)
+    s = plan.status
+    assert (s.phase, s.restarts, s.restartAttempt, s.failedNode) == ("Running", 1, 1, None)
+    assert not s.is_true("Restarting")
+
+
+def test_a_pod_of_an_old_attempt_seen_late_is_deleted():
+    plan = decide(make_job(), gang_status(attempt=1, phase="Running"), [pod(0, attempt=1), pod(1, attempt=1), pod(1, attempt=0, uid="old")], NOW)
+    assert plan.status.phase == "Running" and [p.uid for p in plan.delete] == ["old"]
+
+
+def test_namesakes_of_a_deleted_job_must_go_before_the_new_gang():
+    foreign = pod(0, owner_uid="uid-of-an-earlier-job-named-train")
+    plan = decide(make_job(), JobStatus(), [foreign], NOW)
+    assert plan.create_ranks == () and names(plan.delete) == ["train-node-0"] and plan.status.phase == "Pending"
+
+
+def test_pods_of_a_later_attempt_are_adopted_after_a_lost_status_write():
+    plan = decide(make_job(), gang_status(attempt=0, phase="Running"), [pod(0, attempt=1), pod(1, attempt=1)], NOW)
+    assert plan.status.restartAttempt == 1 and plan.status.phase == "Running" and plan.delete == ()
+
+
+# --- clocks ---------------------------------------------------------------------------------------
+def test_startup_timeout_releases_everything_and_names_the_pending_pods():
+    pods = [pod(0), pod(1, "Pending", unschedulable="Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")]
+    plan = decide(make_job(cleanPodPolicy="None"), gang_status(created_ago=601), pods, NOW)
+    s = plan.status
+    assert (s.phase, s.reason) == ("Failed", "StartupTimeout")
+    assert "1 of 2 node(s) not running after startupTimeoutSeconds (600s)" in s.message
+    assert "train-node-1 Pending (Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.)" in s.message
+    # half a gang must not sit on GPUs (kubernetes-sigs/kueue#2796), whatever cleanPodPolicy says
+    assert names(plan.delete) == ["train-node-0", "train-node-1"]
+
+
+def test_startup_timeout_names_image_pull_errors():
+    pods = [pod(0), pod(1, "Pending", waiting_reason="ImagePullBackOff", waiting_message="Back-off pulling image")]
+    s = decide(make_job(), gang_status(created_ago=601), pods, NOW).status
+    assert "train-node-1 Pending (ImagePullBackOff: Back-off pulling image)" in s.message
+
+
+def test_startup_timeout_does_not_apply_once_running():
+    plan = decide(make_job(), gang_status(created_ago=10_000, start_ago=10_000, phase="Running"), [pod(0), pod(1)], NOW)
+    assert plan.status.phase == "Running" and plan.requeue_after is None
+
+
+def test_active_deadline_fails_the_job_and_frees_its_pods():
+    job = make_job(activeDeadlineSeconds=3600)
+    plan = decide(job, gang_status(phase="Running", start_ago=3601), [pod(0), pod(1)], NOW)
+    assert (plan.status.phase, plan.status.reason) == ("Failed", "DeadlineExceeded")
+    assert names(plan.delete) == ["train-node-0", "train-node-1"]
+    early = decide(job, gang_status(phase="Running", start_ago=3000), [pod(0), pod(1)], NOW)
+    assert early.status.phase == "Running" and early.requeue_after == pytest.approx(600)
+
+
+# --- suspend / resume -------------------------------------------------------------------------
+def test_suspend_deletes_the_pods_and_stops_the_clocks():
+    plan = decide(make_job(suspend=True), gang_status(phase="Running"), [pod(0), pod(1)], NOW)
+    s = plan.status
+    assert (s.phase, s.startTime, s.restartAttempt, s.restarts) == ("Suspended", None, 1, 0)
+    assert not s.is_true(CREATED) and names(plan.delete) == ["train-node-0", "train-node-1"]
+    assert reasons(plan) == ["Suspended"]
+    again = decide(make_job(suspend=True), s, [pod(0, deletion_at=NOW)], NOW)
+    assert again.events == () and again.delete == ()
+
+
+def test_resume_waits_for_the_old_pods_then_recreates_with_fresh_clocks():
+    suspended = decide(make_job(suspend=True), gang_status(phase="Running"), [pod(0), pod(1)], ago(100)).status
+    waiting = decide(make_job(), suspended, [pod(0, deletion_at=NOW)], NOW)
+    assert waiting.create_ranks == () and waiting.status.phase == "Pending"
+    plan = decide(make_job(), suspended, [], NOW)
+    assert plan.create_ranks == (0, 1) and plan.attempt == 1
+    assert plan.status.startTime == format_time(NOW) and reasons(plan) == ["Resumed", "Created"]
+
+
+# --- finished jobs ------------------------------------------------------------------------------
+def test_a_finished_job_never_restarts():
+    done = decide(make_job(), gang_status(phase="Running"), [pod(0, "Succeeded", exit_code=0), pod(1, "Succeeded", exit_code=0)], ago(10)).status
+    plan = decide(make_job(), done, [failed(0, 1), failed(1, 1)], NOW)
+    assert plan.status == done and plan.create_ranks == () and plan.events == ()
+
+
+def test_a_failed_job_ignores_suspend_and_keeps_its_reason():
+    failed_status = decide(make_job(), gang_status(phase="Running"), [pod(0), failed(1, 2)], ago(10)).status
+    errored = dataclasses.replace(failed_status, reason="ReconcileError", message="boom")
+    plan = decide(make_job(suspend=True), errored, [], NOW)
+    assert (plan.status.phase, plan.status.reason) == ("Failed", "PodFailedPermanent")
+
+
+def test_ttl_deletes_the_job_after_it_finished():
+    done = decide(make_job(), gang_status(phase="Running"), [pod(0, "Succeeded", exit_code=0), pod(1, "Succeeded", exit_code=0)], ago(100)).status
+    assert decide(make_job(ttlSecondsAfterFinished=60), done, [], NOW).delete_job
+    later = decide(make_job(ttlSecondsAfterFinished=300), done, [], NOW)
+    assert not later.delete_job and later.requeue_after == pytest.approx(200)
+    assert decide(make_job(), done, [], NOW).requeue_after is None
+
+
+# --- stuck pods, bad specs, refusals ------------------------------------------------------------
+def test_a_pod_stuck_terminating_on_a_dead_node_is_force_deleted():
+    stuck = pod(1, deletion_at=ago(61))
+    plan = decide(make_job(), restarting_status(), [stuck], NOW, force_delete_after=60)
+    assert [p.name for p in plan.force_delete] == ["train-node-1"] and plan.create_ranks == ()
+    young = decide(make_job(), restarting_status(), [pod(1, deletion_at=ago(10))], NOW, force_delete_after=60)
+    assert young.force_delete == () and young.requeue_after == pytest.approx(50)
+
+
+def test_invalid_spec_fails_without_creating_anything():
+    plan = decide_invalid(JobStatus(), "invalid spec: spec.nnodes: must be >= 1", [], NOW, generation=2)
+    s = plan.status
+    assert (s.phase, s.reason, s.observedGeneration) == ("Failed", "InvalidSpec", 2)
+    assert "spec.nnodes" in s.message and reasons(plan) == ["InvalidSpec"] and plan.create_ranks == ()
+    assert plan.events[0].type == "Warning"
+    again = decide_invalid(s, "invalid spec: spec.nnodes: must be >= 1", [], NOW)
+    assert again.status == s and again.events == ()
+
+
+def test_refused_creation_fails_with_the_admission_message():
+    message = 'pods "train-node-0" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true'
+    plan = refuse_creation(make_job(), gang_status(), message, NOW)
+    assert (plan.status.phase, plan.status.reason) == ("Failed", "PodCreationRefused")
+    assert "violates PodSecurity" in plan.status.message
+    cleanup = decide(make_job(cleanPodPolicy="None"), plan.status, [pod(1, "Pending")], NOW)
+    assert names(cleanup.delete) == ["train-node-1"]  # what did get created is released
+
+
+# --- conditions -----------------------------------------------------------------------------------
+def test_condition_transition_times_stay_put_while_nothing_changes():
+    first = decide(make_job(), gang_status(), [pod(0), pod(1)], ago(60)).status
+    second = decide(make_job(), first, [pod(0), pod(1)], NOW).status
+    assert second.conditions == first.conditions
+    assert second.condition("Running").lastTransitionTime == format_time(ago(60))
+
+
+# --- the view of a pod --------------------------------------------------------------------------
+def test_view_pod_reads_what_the_decision_needs():
+    obj = {
+        "metadata": {"name": "train-node-1", "uid": "u", "namespace": "ns", "creationTimestamp": "2025-01-01T11:00:00Z",
+                     "labels": {"ddpjob.dev/job-name": "train", "ddpjob.dev/node-rank": "1", "ddpjob.dev/restart-attempt": "2"},
+                     "ownerReferences": [{"kind": "DDPJob", "uid": UID, "controller": True}]},
+        "spec": {"nodeName": "node-a"},
+        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+            "exitCode": 137, "reason": "OOMKilled", "message": "", "finishedAt": "2025-01-01T11:30:00Z"}}}],
+            "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]},
+    }
+    v = view_pod(obj)
+    assert (v.node_rank, v.attempt, v.owner_uid, v.exit_code, v.terminated_reason, v.node_name) == (1, 2, UID, 137, "OOMKilled", "node-a")
+    assert v.finished_at == dt.datetime(2025, 1, 1, 11, 30, tzinfo=dt.timezone.utc) and v.disruption == "EvictionByEvictionAPI"
+    assert view_pod({"metadata": {"labels": {"ddpjob.dev/job-name": "x"}}}) is None
+
+
+def test_view_pod_reads_the_scheduler_verdict():
+    obj = {"metadata": {"name": "p", "uid": "u", "labels": {"ddpjob.dev/node-rank": "0", "ddpjob.dev/restart-attempt": "0"}},
+           "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                                          "message": "0/1 nodes are available"}]}}
+    assert view_pod(obj).unschedulable == "Unschedulable: 0/1 nodes are available"

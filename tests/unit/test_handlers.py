@@ -1,0 +1,359 @@
+"""The operator's shell: reconcile passes against a fake API, and the kopf handlers called the
+way kopf calls them (they are plain functions)."""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+
+import kopf
+import pytest
+
+from ddpjob import contract, handlers, spec
+from ddpjob.decide import PodView
+from ddpjob.kube import ApiError, CreateOutcome, DeleteOutcome
+from ddpjob.reconcile import JobMemory, reconcile
+from ddpjob.settings import OperatorSettings, load_settings
+from ddpjob.status import JobStatus
+
+pytestmark = pytest.mark.unit
+
+UID = "uid-job"
+NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+SETTINGS = OperatorSettings(coalesce_seconds=0.001)
+
+
+def body(nnodes: int = 2, generation: int = 1, status: dict | None = None, **spec_fields) -> dict:
+    obj = {"apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob",
+           "metadata": {"name": "train", "namespace": "ns", "uid": UID, "generation": generation},
+           "spec": {"nnodes": nnodes, "image": "img", **spec_fields}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def parse(obj: dict) -> spec.DDPJob:
+    """A stand-in for schema.parse_ddpjob: these tests are about the shell, not validation."""
+    fields = dict(obj["spec"])
+    if fields.get("bad"):
+        raise ValueError("spec.nnodes: must be an integer >= 1, got string \"two\"")
+    if "failurePolicy" in fields:
+        fields["failurePolicy"] = spec.FailurePolicy(**fields["failurePolicy"])
+    meta = obj["metadata"]
+    return spec.DDPJob(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid"), spec=spec.DDPJobSpec(**fields))
+
+
+def view(rank: int, phase: str = "Running", attempt: int = 0, **kw) -> PodView:
+    defaults = dict(name=f"train-node-{rank}", uid=f"uid-{attempt}-{rank}", node_rank=rank, attempt=attempt,
+                    owner_uid=UID, phase=phase, running=phase == "Running")
+    defaults.update(kw)
+    return PodView(**defaults)
+
+
+class FakeKube:
+    """Records requests in order; fails those it is told to."""
+
+    def __init__(self):
+        self.log: list[tuple] = []
+        self.status: dict | None = None
+        self.create_error: ApiError | None = None
+        self.status_error: ApiError | None = None
+        self.delete_gone = False
+        self.lock = threading.Lock()
+
+    def patch_status(self, namespace, name, status):
+        self.log.append(("patch_status", status["phase"], status["reason"]))
+        if self.status_error:
+            raise self.status_error
+        self.status = status
+        return status
+
+    def create_service(self, service):
+        self.log.append(("create_service", service["metadata"]["name"]))
+
+    def create_pods(self, pods):
+        self.log.append(("create_pods", tuple(p["metadata"]["name"] for p in pods)))
+        if self.create_error:
+            return [CreateOutcome(p["metadata"]["name"], False, self.create_error) for p in pods]
+        return [CreateOutcome(p["metadata"]["name"], True) for p in pods]
+
+    def delete_pods(self, namespace, pods, *, force=False):
+        pods = list(pods)
+        self.log.append(("force_delete" if force else "delete", tuple(n for n, _ in pods)))
+        return [DeleteOutcome(n, u, self.delete_gone or force) for n, u in pods]
+
+    def delete_job(self, namespace, name, uid):
+        self.log.append(("delete_job", name, uid))
+
+    def close(self):
+        pass
+
+    def kinds(self) -> list[str]:
+        return [entry[0] for entry in self.log]
+
+
+def run_pass(obj, pods, memory, kube, events=None, now=NOW):
+    events = [] if events is None else events
+    return reconcile(obj, pods, memory, kube=kube, settings=SETTINGS, post_event=events.append, now=now, parse=parse)
+
+
+# --- reconcile passes ---------------------------------------------------------------------------
+def test_first_pass_writes_the_intent_then_creates_service_and_pods():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    requeue = run_pass(body(), [], memory, kube, events)
+    assert kube.log == [("patch_status", "Pending", "PodsCreated"), ("create_service", "train"),
+                        ("create_pods", ("train-node-0", "train-node-1"))]
+    assert [e.reason for e in events] == ["Created"] and requeue == 600
+    assert memory.created == {0: {0, 1}} and memory.status.phase == "Pending"
+
+
+def test_no_duplicate_creates_while_the_watch_catches_up():
+    kube, memory = FakeKube(), JobMemory()
+    run_pass(body(), [], memory, kube)
+    run_pass(body(), [], memory, kube)
+    assert kube.kinds().count("create_pods") == 1
+
+
+def test_status_follows_the_pods_and_nothing_is_written_when_nothing_changed():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    run_pass(body(), [], memory, kube, events)
+    run_pass(body(), [view(0), view(1)], memory, kube, events)
+    assert kube.status["phase"] == "Running" and kube.status["ready"] == "2/2"
+    assert events[-1].reason == "Running"
+    kube.log.clear()
+    run_pass(body(), [view(0), view(1)], memory, kube, events)
+    assert kube.log == []  # not one request when there is nothing to do
+
+
+def test_operator_restart_mid_job_creates_no_duplicates():
+    kube, memory = FakeKube(), JobMemory()
+    run_pass(body(), [], memory, kube)
+    run_pass(body(), [view(0), view(1)], memory, kube)
+    restarted = body(status=kube.status)  # what the API holds; a fresh process has no memory
+    fresh_kube = FakeKube()
+    run_pass(restarted, [view(0), view(1)], JobMemory(), fresh_kube, now=NOW + dt.timedelta(seconds=30))
+    assert fresh_kube.log == []
+
+
+def test_permanent_refusal_of_a_pod_fails_the_job_with_the_admission_message():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    kube.create_error = ApiError(403, "Forbidden", 'pods "train-node-0" is forbidden: violates PodSecurity '
+                                 '"restricted:latest": allowPrivilegeEscalation != false', "create pod train-node-0")
+    requeue = run_pass(body(), [], memory, kube, events)
+    assert kube.status["phase"] == "Failed" and kube.status["reason"] == "PodCreationRefused"
+    assert "violates PodSecurity" in kube.status["message"]
+    assert [e.reason for e in events] == ["Created", "PodCreationRefused"] and requeue is None
+
+
+def test_a_transient_error_reaches_the_status_and_an_event_then_backs_off():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    kube.create_error = ApiError(500, "InternalError", "etcdserver: request timed out", "create pod train-node-0")
+    first = run_pass(body(), [], memory, kube, events)
+    assert (kube.status["phase"], kube.status["reason"]) == ("Pending", "ReconcileError")
+    assert "etcdserver: request timed out" in kube.status["message"] and "create pod train-node-0" in kube.status["message"]
+    assert [e.reason for e in events] == ["Created", "ReconcileError"] and events[-1].type == "Warning"
+    second = run_pass(body(), [], memory, kube, events)
+    assert (first, second) == (1.0, 2.0)
+    assert [e.reason for e in events].count("ReconcileError") == 1  # the same error is not re-announced
+    kube.create_error = None
+    run_pass(body(), [], memory, kube, events)
+    assert kube.status["reason"] != "ReconcileError" and memory.consecutive_errors == 0
+
+
+def test_an_unreachable_api_server_does_not_crash_the_pass():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    kube.status_error = ApiError(0, "MaxRetryError", "connection refused", "patch status of train")
+    assert run_pass(body(), [], memory, kube, events) == 1.0
+    assert "create_pods" not in kube.kinds()  # no intent written, no pods
+    assert events[-1].reason == "ReconcileError"
+
+
+def test_a_bug_is_reported_like_an_api_error():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    kube.create_pods = lambda pods: (_ for _ in ()).throw(KeyError("oops"))
+    assert run_pass(body(), [], memory, kube, events) == 1.0
+    assert kube.status["reason"] == "ReconcileError" and "KeyError" in kube.status["message"]
+
+
+def test_invalid_spec_fails_and_creates_nothing():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    run_pass(body(bad=True), [], memory, kube, events)
+    assert kube.kinds() == ["patch_status"] and kube.status["reason"] == "InvalidSpec"
+    assert "spec.nnodes" in kube.status["message"] and events[0].type == "Warning"
+
+
+def test_ttl_deletes_the_ddpjob():
+    kube, memory = FakeKube(), JobMemory()
+    run_pass(body(ttlSecondsAfterFinished=10), [], memory, kube)
+    done = [view(0, "Succeeded", exit_code=0), view(1, "Succeeded", exit_code=0)]
+    assert run_pass(body(ttlSecondsAfterFinished=10), done, memory, kube) == 10
+    run_pass(body(ttlSecondsAfterFinished=10), done, memory, kube, now=NOW + dt.timedelta(seconds=11))
+    assert kube.log[-1] == ("delete_job", "train", UID)
+
+
+def test_a_retryable_failure_deletes_the_gang_and_recreates_it_when_gone():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    run_pass(body(), [], memory, kube, events)
+    run_pass(body(), [view(0), view(1)], memory, kube, events)
+    run_pass(body(), [view(0), view(1, "Failed", exit_code=1)], memory, kube, events)
+    assert kube.log[-2:] == [("patch_status", "Restarting", "RetryableFailure"), ("delete", ("train-node-0", "train-node-1"))]
+    assert "exited with code 1" in events[-1].message
+    run_pass(body(), [], memory, kube, events)
+    assert kube.log[-1] == ("create_pods", ("train-node-0", "train-node-1")) and memory.created == {1: {0, 1}}
+
+
+def test_pods_known_deleted_are_ignored_even_if_a_stale_watch_still_lists_them():
+    kube, memory = FakeKube(), JobMemory()
+    kube.delete_gone = True
+    run_pass(body(), [], memory, kube)
+    run_pass(body(), [view(0), view(1, "Failed", exit_code=1)], memory, kube)  # restart: both deleted, 404
+    run_pass(body(), [view(0), view(1, "Failed", exit_code=1)], memory, kube)  # the watch never said DELETED
+    assert kube.log[-1] == ("create_pods", ("train-node-0", "train-node-1"))
+
+
+def test_stuck_terminating_pods_are_force_deleted_with_an_event():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    run_pass(body(), [], memory, kube, events)
+    run_pass(body(), [view(0), view(1, "Failed", exit_code=1)], memory, kube, events)
+    stuck = [view(0, deletion_at=NOW - dt.timedelta(seconds=61))]
+    run_pass(body(), stuck, memory, kube, events)
+    assert ("force_delete", ("train-node-0",)) in kube.log and events[-1].reason == "ForceDeleted"
+
+
+def test_a_job_being_deleted_is_left_to_the_garbage_collector():
+    obj = body()
+    obj["metadata"]["deletionTimestamp"] = "2025-01-01T11:00:00Z"
+    kube = FakeKube()
+    assert run_pass(obj, [view(0)], JobMemory(), kube) is None and kube.log == []
+
+
+def test_the_real_parser_is_used_by_default():
+    schema = pytest.importorskip("ddpjob.schema")
+    kube, memory = FakeKube(), JobMemory()
+    reconcile(body(), [], memory, kube=kube, settings=SETTINGS, post_event=lambda e: None, now=NOW)
+    assert kube.kinds()[-1] == "create_pods"
+    reconcile(body(nnodes="two", generation=2), [], JobMemory(), kube=kube, settings=SETTINGS,
+              post_event=lambda e: None, now=NOW)
+    assert kube.status["reason"] == "InvalidSpec" and "spec.nnodes" in kube.status["message"]
+    assert schema.parse_ddpjob is not None
+
+
+# --- kopf wiring --------------------------------------------------------------------------------
+def test_no_handler_makes_kopf_add_a_finalizer():
+    registry = kopf.get_default_registry()
+    assert registry._changing.get_all_handlers() == [] and registry._spawning.get_all_handlers() == []
+    # (kopf adds finalizers only for changing/deletion handlers and daemons/timers: none here)
+    assert {h.id for h in registry._indexing.get_all_handlers()} == {"ddpjob_pods"}
+    assert {h.id for h in registry._watching.get_all_handlers()} == {"pod_event", "ddpjob_event"}
+
+
+def test_kopf_state_lives_under_the_project_group_and_only_our_pods_are_watched():
+    settings = kopf.OperatorSettings()
+    handlers.configure_kopf(settings)
+    assert settings.persistence.progress_storage.prefix == "ddpjob.dev"
+    assert settings.persistence.diffbase_storage.prefix == "ddpjob.dev"
+    assert settings.persistence.diffbase_storage.key == "last-handled-configuration"
+    from kopf._cogs.structs.references import Resource
+    assert list(settings.watching.label_selectors.collect(Resource("", "v1", "pods"))) == [contract.LABEL_JOB_NAME]
+
+
+def pod_body(rank="1", attempt="0", phase="Running"):
+    return {"metadata": {"name": f"train-node-{rank}", "namespace": "ns", "uid": f"u{rank}",
+                         "labels": {contract.LABEL_JOB_NAME: "train", contract.LABEL_NODE_RANK: rank,
+                                    contract.LABEL_RESTART_ATTEMPT: attempt},
+                         "ownerReferences": [{"kind": "DDPJob", "uid": UID, "controller": True}]},
+            "status": {"phase": phase}}
+
+
+def test_the_pod_index_is_keyed_by_namespace_and_job():
+    result = asyncio.run(handlers.ddpjob_pods(body=pod_body()))
+    ((key, value),) = result.items()
+    assert key == ("ns", "train") and value.node_rank == 1 and value.phase == "Running"
+    assert asyncio.run(handlers.ddpjob_pods(body=pod_body(rank="x"))) == {}
+
+
+def test_settings_come_from_the_environment():
+    s = load_settings({"DDPJOB_OPERATOR_CREATE_WORKERS": "64", "DDPJOB_OPERATOR_COALESCE_SECONDS": "0.2"})
+    assert (s.create_workers, s.coalesce_seconds) == (64, 0.2)
+    with pytest.raises(ValueError, match="DDPJOB_OPERATOR_CREATE_WORKERS"):
+        load_settings({"DDPJOB_OPERATOR_CREATE_WORKERS": "many"})
+
+
+async def _eventually(predicate, timeout=2.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_workers_react_to_pod_events_and_stop_with_the_job():
+    async def scenario():
+        runtime, kube, index = handlers.Runtime(), FakeKube(), {}
+        runtime.start(SETTINGS, lambda settings: kube)
+        handlers.RUNTIME, saved = runtime, handlers.RUNTIME
+        try:
+            # kopf calls: the DDPJob is listed -> a worker starts and creates the gang.
+            await handlers.ddpjob_event(event={"type": None, "object": body()}, ddpjob_pods=index)
+            await _eventually(lambda: "create_pods" in kube.kinds())
+            # the pods run: the pod watch updates the index and wakes the worker.
+            index[("ns", "train")] = [view(0), view(1)]
+            await handlers.pod_event(body=pod_body())
+            await _eventually(lambda: (kube.status or {}).get("phase") == "Running")
+            # our own status write comes back as an event: no pass, no request.
+            writes = kube.kinds().count("patch_status")
+            await handlers.ddpjob_event(event={"type": "MODIFIED", "object": body(status=kube.status)}, ddpjob_pods=index)
+            await asyncio.sleep(0.05)
+            assert kube.kinds().count("patch_status") == writes
+            # suspend (a spec change: new generation) wakes it.
+            await handlers.ddpjob_event(event={"type": "MODIFIED", "object": body(generation=2, suspend=True)}, ddpjob_pods=index)
+            await _eventually(lambda: (kube.status or {}).get("phase") == "Suspended")
+            # deleted: the worker goes.
+            worker = runtime.workers[("ns", "train")]
+            await handlers.ddpjob_event(event={"type": "DELETED", "object": body()}, ddpjob_pods=index)
+            await _eventually(lambda: worker.task.done())
+            assert runtime.workers == {}
+        finally:
+            handlers.RUNTIME = saved
+            await runtime.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_recreated_job_of_the_same_name_gets_a_fresh_worker():
+    async def scenario():
+        runtime, kube = handlers.Runtime(), FakeKube()
+        runtime.start(SETTINGS, lambda settings: kube)
+        try:
+            runtime.observe(None, body(), {})
+            first = runtime.workers[("ns", "train")]
+            again = body()
+            again["metadata"]["uid"] = "another-uid"
+            runtime.observe("ADDED", again, {})
+            await _eventually(lambda: first.task.done())
+            assert runtime.workers[("ns", "train")].uid == "another-uid"
+        finally:
+            await runtime.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_clock_wakes_the_worker_without_any_event():
+    async def scenario():
+        runtime, kube = handlers.Runtime(), FakeKube()
+        runtime.start(SETTINGS, lambda settings: kube)
+        try:
+            index = {}
+            runtime.observe(None, body(startupTimeoutSeconds=1), index)
+            await _eventually(lambda: "create_pods" in kube.kinds())
+            index[("ns", "train")] = [view(0, "Pending"), view(1, "Pending")]  # no event: only the clock
+            await _eventually(lambda: (kube.status or {}).get("reason") == "StartupTimeout", timeout=5)
+        finally:
+            await runtime.stop()
+
+    asyncio.run(scenario())
+
+
+def test_reconcile_writes_no_status_kopf_would_not_accept():
+    kube, memory = FakeKube(), JobMemory()
+    run_pass(body(), [], memory, kube)
+    assert JobStatus.from_dict(kube.status).to_dict() == kube.status
