@@ -14,14 +14,13 @@ CONTAINER_NAME = "trainer"
 SHM_VOLUME = spec.SHM_VOLUME_NAME  # the schema refuses a template volume of this name
 RENDEZVOUS_PORT_NAME = "rendezvous"
 
-# The "restricted" Pod Security profile, split as the API wants it. Replaced as a whole when the
-# template supplies its own securityContext (the user then owns the trade-off).
+# The "restricted" Pod Security profile, split as the API wants it. The pod-level part is
+# replaced as a whole when the template supplies its own securityContext (the user then owns
+# runAsNonRoot and seccompProfile); the container-level part stays, since the spec offers no
+# container securityContext to ask for privileges with, and dropping it would turn a template
+# that only sets runAsUser/fsGroup into one the "restricted" profile refuses.
 DEFAULT_POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-DEFAULT_CONTAINER_SECURITY_CONTEXT = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "runAsNonRoot": True,
-}
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def owner_reference(job: spec.DDPJob) -> dict[str, Any]:
@@ -133,8 +132,9 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
         # still leaves the log tail, which the operator copies into status.failedNode.message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
     if tmpl.securityContext is None:
-        container["securityContext"] = copy.deepcopy(DEFAULT_CONTAINER_SECURITY_CONTEXT)
+        container["securityContext"]["runAsNonRoot"] = True
 
     pod_spec: dict[str, Any] = {
         "hostname": name,

@@ -212,11 +212,12 @@ def decide(
     status = _adopt_newer_attempt(job, status, pods, now)
 
     force, force_due = _stuck_terminating(pods, now, force_delete_after)
+    deadline_left = _deadline_left(job, status, now)
     if status.terminal:
         plan = _finished(job, status, pods, now)
     elif job.spec.suspend:
         plan = _suspend(job, status, pods, now)
-    elif _deadline_left(job, status, now) is not None and _deadline_left(job, status, now) <= 0:
+    elif deadline_left is not None and deadline_left <= 0:
         plan = _fail(job, status, pods, now, "DeadlineExceeded",
                      f"activeDeadlineSeconds ({job.spec.activeDeadlineSeconds}s) exceeded")
     elif not status.is_true(CREATED):

@@ -45,6 +45,17 @@ logger = logging.getLogger("ddpjob.operator")
 JobKey = tuple[str, str]  # (namespace, DDPJob name)
 POD_FILTER = {contract.LABEL_JOB_NAME: kopf.PRESENT}
 UNEXPECTED_ERROR_DELAY = 5.0
+MIN_REQUEUE_SECONDS = 0.2  # a clock that is due "now" must not turn the worker into a busy loop
+
+
+class _QuietWatchHandlers(logging.Filter):
+    """kopf logs "Handler 'pod_event' succeeded." at INFO for every watch event: thousands of
+    lines (and CPU) for one big gang, saying nothing. Failures are still logged."""
+
+    QUIET = tuple(f"Handler {name!r} succeeded" for name in ("pod_event", "ddpjob_event", "ddpjob_pods"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and any(q in record.getMessage() for q in self.QUIET))
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -56,6 +67,9 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     # Server-side filtering: the API server sends only pods that carry the job label, instead of
     # every pod of the cluster for kopf to drop.
     settings.watching.label_selectors["v1", "pods"] = contract.LABEL_JOB_NAME
+    kopf_objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, _QuietWatchHandlers) for f in kopf_objects.filters):
+        kopf_objects.addFilter(_QuietWatchHandlers())
 
 
 def job_key(obj: Mapping[str, Any]) -> JobKey:
@@ -83,10 +97,13 @@ class JobWorker:
             self.wakeup.set()
 
     def post_event(self, event: Event) -> None:
+        """An Event on the DDPJob (kopf queues it from this thread), and the same line in the log."""
+        logger.log(logging.WARNING if event.type == "Warning" else logging.INFO,
+                   "%s/%s: %s: %s", *self.key, event.reason, event.message)
         try:
             kopf.event(self.body, type=event.type, reason=event.reason, message=event.message)
         except LookupError:  # kopf's event queue exists only inside a running operator
-            logger.info("%s/%s: %s %s: %s", *self.key, event.type, event.reason, event.message)
+            pass
 
     def reconcile_once(self, pods: list[PodView]) -> Optional[float]:
         return reconcile(self.body, pods, self.memory, kube=self.runtime.kube,
@@ -97,7 +114,8 @@ class JobWorker:
         requeue: Optional[float] = None
         while True:
             try:
-                await asyncio.wait_for(self.wakeup.wait(), timeout=requeue)
+                timeout = None if requeue is None else max(requeue, MIN_REQUEUE_SECONDS)
+                await asyncio.wait_for(self.wakeup.wait(), timeout=timeout)
             except asyncio.TimeoutError:
                 pass
             await asyncio.sleep(self.runtime.settings.coalesce_seconds)  # let sibling events land
@@ -131,6 +149,7 @@ class Runtime:
         self.kube: Any = None
         self.pool: Optional[ThreadPoolExecutor] = None
         self.workers: dict[JobKey, JobWorker] = {}
+        self._stopping: set[asyncio.Task] = set()  # asyncio keeps only weak references to tasks
 
     def start(self, settings: OperatorSettings, connect: Callable[[OperatorSettings], Any]) -> None:
         self.settings = settings
@@ -143,7 +162,9 @@ class Runtime:
         if worker is not None and (event_type == "DELETED" or worker.uid != uid):
             # Gone, or deleted and recreated under the same name: the old worker's memory is void.
             del self.workers[key]
-            asyncio.create_task(worker.stop())
+            stopping = asyncio.create_task(worker.stop())
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
             worker = None
         if event_type == "DELETED":
             return
@@ -159,7 +180,7 @@ class Runtime:
 
     async def stop(self) -> None:
         workers, self.workers = list(self.workers.values()), {}
-        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        await asyncio.gather(*(w.stop() for w in workers), *self._stopping, return_exceptions=True)
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
         if self.kube is not None:

@@ -50,7 +50,10 @@ class KindOperator:
         self.log_path = log_path
 
     def start(self, timeout: float = 180) -> "KindOperator":
-        apply_manifests(self.kubectl, include_workloads=True)
+        """scripts/e2e-kind.sh deployed it (with the image it built); this only makes sure
+        the CRD and RBAC are current and one replica is Ready. Re-applying the Deployment
+        here would undo an image override."""
+        apply_manifests(self.kubectl, include_workloads=False)
         self.kubectl("scale", f"deployment/{OPERATOR_DEPLOYMENT}", "-n", OPERATOR_NAMESPACE,
                      "--replicas=1")
         self.kubectl("rollout", "status", f"deployment/{OPERATOR_DEPLOYMENT}",

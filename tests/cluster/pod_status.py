@@ -87,7 +87,8 @@ def terminated_state(exit_code: int, reason: str, message: str, started_at: str,
     return {"terminated": terminated}
 
 
-def terminated_patch(container: dict, state: dict, *, restarts: int, final: bool) -> dict:
+def terminated_patch(container: dict, state: dict, *, restarts: int, final: bool,
+                     last_state: dict | None = None) -> dict:
     """``final``: restartPolicy says no restart, so the pod phase ends too."""
     exit_code = state["terminated"]["exitCode"]
     patch = {"status": {
@@ -96,7 +97,7 @@ def terminated_patch(container: dict, state: dict, *, restarts: int, final: bool
                        _condition("Ready", False, "PodCompleted" if final else
                                   "ContainersNotReady")],
         "containerStatuses": [_container_status(container, state, ready=False,
-                                                restarts=restarts)],
+                                                restarts=restarts, last_state=last_state)],
     }}
     if final:
         patch["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"

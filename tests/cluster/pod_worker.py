@@ -121,7 +121,7 @@ class PodWorker(threading.Thread):
             restart = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
             final = not restart or self._terminating.is_set()
             self._patch(pod_status.terminated_patch(self.container, state, restarts=restarts,
-                                                    final=final))
+                                                    final=final, last_state=last_state))
             if final:
                 return
             restarts += 1

@@ -137,6 +137,53 @@ def test_delete_sends_sigterm_then_sigkill_after_grace(kubectl, namespace, wait_
     assert stubborn_seconds >= 2  # SIGKILL only once its grace period had passed
 
 
+def test_on_failure_restarts_the_container_in_the_same_pod(kubectl, namespace, wait_for):
+    pod = python_pod("flaky", """
+        import os, sys
+        marker = "/state/failed-once"
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            sys.exit(1)
+        print("second try succeeds")
+    """, restartPolicy="OnFailure", volumes=[{"name": "state", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "state", "mountPath": "/state"}]})
+    kubectl.apply_yaml(pod, "-n", namespace)
+    done = wait_for_phase(kubectl, wait_for, namespace, "flaky", ["Succeeded", "Failed"], 60)
+    status = done["status"]["containerStatuses"][0]
+    assert done["status"]["phase"] == "Succeeded"
+    assert status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 1
+
+
+def test_pod_waits_for_a_missing_configmap_like_a_kubelet(kubectl, namespace, wait_for):
+    pod = python_pod("needs-config", "print(open('/config/key').read())",
+                     volumes=[{"name": "config", "configMap": {"name": "late"}}],
+                     container={"volumeMounts": [{"name": "config", "mountPath": "/config"}]})
+    kubectl.apply_yaml(pod, "-n", namespace)
+
+    def container_creating():
+        pod = get_pod(kubectl, namespace, "needs-config") or {}
+        statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+        return statuses[0].get("state", {}).get("waiting", {}).get("reason") in (
+            "ContainerCreating",)
+
+    wait_for(container_creating, 30, "needs-config waiting in ContainerCreating")
+    kubectl.apply_yaml({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "late"}, "data": {"key": "value"}}, "-n", namespace)
+    wait_for_phase(kubectl, wait_for, namespace, "needs-config", ["Succeeded"], 60)
+
+
+@local_testbed_only
+def test_what_the_agent_cannot_run_fails_fast_with_the_reason(kubectl, namespace, wait_for):
+    pod = python_pod("with-nfs", "print(1)",
+                     volumes=[{"name": "data", "nfs": {"server": "192.0.2.1", "path": "/x"}}],
+                     container={"volumeMounts": [{"name": "data", "mountPath": "/data"}]})
+    kubectl.apply_yaml(pod, "-n", namespace)
+    done = wait_for_phase(kubectl, wait_for, namespace, "with-nfs", ["Failed"])
+    assert done["status"]["reason"] == "UnsupportedByTestbed"
+    assert "nfs" in done["status"]["message"]
+
+
 # -- volumes and environment ----------------------------------------------------------------
 def test_configmap_emptydir_hostpath_volumes_and_env(kubectl, namespace, wait_for,
                                                       shared_host_dir, cluster):
@@ -296,21 +343,34 @@ def test_pods_reach_each_other_by_headless_service_names(kubectl, namespace, wai
 
 
 def test_name_does_not_resolve_without_the_service(kubectl, namespace, wait_for, pod_logs):
-    """The hostname/subdomain alone publish nothing: only a headless Service that selects the
-    pod does (here the Service selects other labels)."""
+    """hostname/subdomain alone publish nothing: only a headless Service named like the
+    subdomain that selects the pod does. Here `peers` (the subdomain) selects other labels;
+    `control` selects the pod, so once its name resolves the pod's endpoint is published
+    and the absence of the other names is not just DNS lag."""
     kubectl.apply_yaml([
         {"apiVersion": "v1", "kind": "Service",
          "metadata": {"name": "peers", "namespace": namespace},
          "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                   "selector": {"app": "something-else"}}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "control", "namespace": namespace},
+         "spec": {"clusterIP": "None", "selector": {"app": "lonely"}}},
         python_pod("lonely", f"""
             import socket, sys, time
-            time.sleep(2)  # long enough for a record to appear, were it published
-            try:
-                print("resolved", socket.gethostbyname("lonely.peers.{namespace}.svc"))
-                sys.exit(1)
-            except socket.gaierror as error:
-                print("not resolved:", error)
+            for attempt in range(300):
+                try:
+                    print("control resolves to", socket.gethostbyname("control"))
+                    break
+                except socket.gaierror:
+                    time.sleep(0.2)
+            else:
+                sys.exit("control never resolved")
+            for name in ("lonely.peers.{namespace}.svc", "lonely.control.{namespace}.svc"):
+                try:
+                    print("unexpectedly resolved", name, socket.gethostbyname(name))
+                    sys.exit(1)
+                except socket.gaierror as error:
+                    print("not resolved:", name, error)
         """, labels={"app": "lonely"}, hostname="lonely", subdomain="peers"),
     ], "-n", namespace)
     done = wait_for_phase(kubectl, wait_for, namespace, "lonely", ["Succeeded", "Failed"])

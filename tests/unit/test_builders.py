@@ -94,7 +94,9 @@ def test_a_template_security_context_replaces_the_default():
     template = spec.PodTemplate(spec=spec.PodTemplateSpec(securityContext={"runAsUser": 0}))
     pod = builders.build_pod(make_job(template=template), 0, 0)
     assert pod["spec"]["securityContext"] == {"runAsUser": 0}
-    assert "securityContext" not in pod["spec"]["containers"][0]
+    # no container-level runAsNonRoot to contradict the template; never privilege escalation
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def test_template_spec_is_copied():

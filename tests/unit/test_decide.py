@@ -8,7 +8,7 @@ import pytest
 
 from ddpjob import spec
 from ddpjob.decide import PodView, decide, decide_invalid, refuse_creation, view_pod
-from ddpjob.status import CREATED, Condition, JobStatus, NodeState, format_time, with_phase
+from ddpjob.status import CREATED, JobStatus, NodeState, format_time, with_phase
 
 pytestmark = pytest.mark.unit
 

@@ -357,3 +357,104 @@ def test_reconcile_writes_no_status_kopf_would_not_accept():
     kube, memory = FakeKube(), JobMemory()
     run_pass(body(), [], memory, kube)
     assert JobStatus.from_dict(kube.status).to_dict() == kube.status
+
+
+# --- the request layer (kube.py) with a fake ApiClient ------------------------------------------
+class FakeResponse:
+    def __init__(self, status, body):
+        self.status, self.reason, self._body = status, "", body
+
+    def read(self):
+        import json
+        return json.dumps(self._body).encode()
+
+
+class FakeApiClient:
+    """Answers like the API server: POST 201 or 409 AlreadyExists, DELETE 200 or 404."""
+
+    def __init__(self, existing=(), missing=()):
+        self.requests, self.existing, self.missing = [], set(existing), set(missing)
+        self.lock = threading.Lock()
+
+    def param_serialize(self, method, resource_path, query_params=None, header_params=None, body=None, auth_settings=None):
+        return method, resource_path, header_params, body, query_params
+
+    def call_api(self, method, url, headers, body, query, _request_timeout=None):
+        with self.lock:
+            self.requests.append((method, url, headers["Content-Type"], body, query))
+        name = (body or {}).get("metadata", {}).get("name") or url.rsplit("/", 1)[-1]
+        if method == "POST" and name in self.existing:
+            return FakeResponse(409, {"reason": "AlreadyExists", "message": f"{name} already exists"})
+        if method == "POST" and name == "refused":
+            return FakeResponse(403, {"reason": "Forbidden", "message": 'violates PodSecurity "restricted:latest"'})
+        if method == "DELETE" and name in self.missing:
+            return FakeResponse(404, {"reason": "NotFound", "message": "not found"})
+        return FakeResponse(201 if method == "POST" else 200, {"status": {"phase": "Running"}})
+
+    def close(self):
+        pass
+
+
+def test_kube_creates_pods_concurrently_and_treats_already_exists_as_created():
+    from ddpjob.kube import Kube
+    api = FakeApiClient(existing={"p1"})
+    kube = Kube(api, SETTINGS)
+    pods = [{"metadata": {"name": n, "namespace": "ns"}} for n in ("p0", "p1", "refused")]
+    outcomes = kube.create_pods(pods)
+    assert [(o.name, o.created) for o in outcomes] == [("p0", True), ("p1", True), ("refused", False)]
+    assert outcomes[2].error.permanent and not outcomes[1].error
+    assert {r[1] for r in api.requests} == {"/api/v1/namespaces/ns/pods"}
+    assert all(("fieldManager", "ddpjob-operator") in r[4] for r in api.requests)
+    kube.close()
+
+
+def test_kube_deletes_with_a_uid_precondition_and_reads_404_as_gone():
+    from ddpjob.kube import Kube
+    api = FakeApiClient(missing={"gone"})
+    kube = Kube(api, SETTINGS)
+    outcomes = kube.delete_pods("ns", [("alive", "u1"), ("gone", "u2")])
+    assert [(o.name, o.gone, o.error) for o in outcomes] == [("alive", False, None), ("gone", True, None)]
+    assert api.requests[0][3]["preconditions"] == {"uid": "u1"} and "gracePeriodSeconds" not in api.requests[0][3]
+    kube.delete_pods("ns", [("stuck", "u3")], force=True)
+    assert api.requests[-1][3]["gracePeriodSeconds"] == 0
+
+
+def test_kube_patches_the_status_subresource_with_a_merge_patch():
+    from ddpjob.kube import Kube
+    api = FakeApiClient()
+    Kube(api, SETTINGS).patch_status("ns", "train", {"phase": "Running"})
+    method, url, content_type, body, _ = api.requests[0]
+    assert (method, url, content_type) == ("PATCH", "/apis/ddpjob.dev/v1alpha1/namespaces/ns/ddpjobs/train/status",
+                                           "application/merge-patch+json")
+    assert body == {"status": {"phase": "Running"}}
+
+
+@pytest.mark.parametrize("status,message,permanent", [
+    (422, "spec.containers[0].image: Required value", True),
+    (400, "bad request", True),
+    (403, 'pods "x" is forbidden: violates PodSecurity "restricted:latest"', True),
+    (403, 'pods "x" is forbidden: exceeded quota: gpu-quota', False),
+    (403, 'pods is forbidden: User "system:serviceaccount:x" cannot create resource "pods"', False),
+    (500, "etcdserver: leader changed", False),
+])
+def test_which_api_errors_a_retry_cannot_fix(status, message, permanent):
+    assert ApiError(status, "", message).permanent is permanent
+
+
+# --- the ddpjob-operator command -------------------------------------------------------------------
+@pytest.mark.parametrize("argv,env,expected", [
+    ([], {}, dict(clusterwide=True, namespaces=[])),
+    ([], {"DDPJOB_OPERATOR_NAMESPACES": "a, b"}, dict(clusterwide=False, namespaces=["a", "b"])),
+    (["-n", "x"], {"DDPJOB_OPERATOR_NAMESPACES": "a"}, dict(clusterwide=False, namespaces=["x"])),
+    (["-A"], {"DDPJOB_OPERATOR_NAMESPACES": "a"}, dict(clusterwide=True, namespaces=[])),
+])
+def test_ddpjob_operator_runs_kopf_standalone_with_its_scope(monkeypatch, argv, env, expected):
+    calls = []
+    monkeypatch.setattr(kopf, "run", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(kopf, "configure", lambda **kw: None)
+    for key in ("DDPJOB_OPERATOR_NAMESPACES", "DDPJOB_OPERATOR_LIVENESS_ENDPOINT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert handlers.main(argv) == 0
+    assert calls == [dict(standalone=True, liveness_endpoint="http://0.0.0.0:8080/healthz", **expected)]

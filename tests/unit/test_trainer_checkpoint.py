@@ -1,0 +1,91 @@
+"""Checkpoint files: atomic, newest by step, pruned, safe to load; models without downloads."""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from ddptrainer import checkpoint
+from ddptrainer.distributed import DistContext
+from ddptrainer.errors import CheckpointError, ConfigError
+from ddptrainer.models import build_model
+
+pytestmark = pytest.mark.unit
+
+SINGLE = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"),
+                     backend=None)
+
+
+def test_save_then_load_latest_roundtrip(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    for step in (5, 10, 15):
+        path = checkpoint.save(SINGLE, str(tmp_path), keep=2,
+                               state={"step": step, "model": model.state_dict()})
+        assert path == str(tmp_path / f"step-{step:08d}.pt")
+    # keep=2: the oldest went; no temp files are left behind
+    assert sorted(os.listdir(tmp_path)) == ["step-00000010.pt", "step-00000015.pt"]
+    path, state = checkpoint.load_latest(SINGLE, str(tmp_path))
+    assert path.endswith("step-00000015.pt") and state["step"] == 15
+    assert state["world_size"] == 1 and len(state["rng"]) == 1
+    torch.testing.assert_close(state["model"]["weight"], model.weight.detach())
+
+
+def test_no_checkpoint_means_none(tmp_path):
+    assert checkpoint.load_latest(SINGLE, str(tmp_path / "absent")) is None
+
+
+def test_half_written_temp_files_are_never_picked(tmp_path):
+    checkpoint.write_atomic({"format": 1, "step": 3}, str(tmp_path / "step-00000003.pt"))
+    (tmp_path / ".step-00000009.pt.tmp-123").write_bytes(b"partial")
+    (tmp_path / "notes.txt").write_text("x")
+    assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("step-00000003.pt")
+    # numeric order, not text order, past eight digits
+    checkpoint.write_atomic({"format": 1}, str(tmp_path / "step-100000000.pt"))
+    assert checkpoint.latest_checkpoint(str(tmp_path)).endswith("step-100000000.pt")
+
+
+def test_foreign_file_is_refused(tmp_path):
+    path = tmp_path / "step-00000001.pt"
+    torch.save({"something": "else"}, path)
+    with pytest.raises(CheckpointError, match="not a ddptrain checkpoint"):
+        checkpoint.read(str(path))
+
+
+def test_rng_state_roundtrip():
+    state = checkpoint.capture_rng(torch.device("cpu"))
+    a = (torch.rand(3), random.random())
+    checkpoint.restore_rng(state, torch.device("cpu"))
+    b = (torch.rand(3), random.random())
+    assert torch.equal(a[0], b[0]) and a[1] == b[1]
+
+
+def test_write_failure_is_a_checkpoint_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CheckpointError, match="writing"):
+        checkpoint.save(SINGLE, str(blocker / "ckpt"), keep=1, state={"step": 1})
+
+
+@pytest.mark.parametrize("name", ["tiny-cnn", "resnet18", "resnet50"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_models_follow_the_data(name, channels):
+    model, notes = build_model(name, channels, 7)
+    out = model(torch.randn(2, channels, 32, 32))
+    assert out.shape == (2, 7) and notes == []
+
+
+def test_local_weights_load_where_shapes_fit(tmp_path):
+    source, _ = build_model("resnet18", 3, 1000)
+    path = tmp_path / "imagenet.pt"
+    torch.save(source.state_dict(), path)
+    model, notes = build_model("resnet18", 1, 10, weights=str(path))  # MNIST-shaped
+    assert torch.equal(model.layer1[0].conv1.weight, source.layer1[0].conv1.weight)
+    assert not torch.equal(model.fc.weight[:1], source.fc.weight[:1, :512])
+    assert "kept initial values" in notes[1] and "conv1.weight" in notes[1]
+
+
+def test_missing_weights_file_is_bad_config(tmp_path):
+    with pytest.raises(ConfigError, match="^--weights: .* is not a file"):
+        build_model("tiny-cnn", 3, 10, weights=str(tmp_path / "none.pt"))

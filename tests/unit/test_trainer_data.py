@@ -1,0 +1,166 @@
+"""Data: torchvision's real MNIST and CIFAR-10 readers on tiny files in the real formats."""
+from __future__ import annotations
+
+import hashlib
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+from ddpjob.contract import ExitCode
+from ddptrainer import data as data_mod
+from ddptrainer.config import parse_config
+from ddptrainer.data import ResumableDistributedSampler, build_dataset, build_loader
+from ddptrainer.distributed import DistContext
+from ddptrainer.errors import DataMissingError
+
+pytestmark = pytest.mark.unit
+
+SINGLE = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"),
+                     backend=None)
+
+
+def write_mnist(root, n_train=20, n_test=10):
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        # idx format: big-endian magic (0x08 = unsigned byte, then the number of dimensions)
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
+            np.array([0x0803, n, 28, 28], dtype=">u4").tobytes() + images.tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            np.array([0x0801, n], dtype=">u4").tobytes() + labels.tobytes())
+    return root
+
+
+def write_cifar10(root, per_batch=4):
+    """The 'CIFAR-10 python version': pickled dicts, rows of 3072 bytes (R, G, B planes)."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        batch = {"batch_label": name, "labels": [i % 10 for i in range(per_batch)],
+                 "data": rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8),
+                 "filenames": [f"{name}-{i}.png" for i in range(per_batch)]}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    meta = {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
+                            "horse", "ship", "truck"], "num_cases_per_batch": per_batch,
+            "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
+    return root
+
+
+def md5(path):
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def cifar_root(tmp_path, monkeypatch):
+    """Tiny CIFAR-10 files, and torchvision told their md5s (it verifies every file against
+    the published checksums, which only the real 170 MB archive has)."""
+    root = write_cifar10(tmp_path / "data")
+    folder = root / "cifar-10-batches-py"
+    cls = torchvision.datasets.CIFAR10
+    monkeypatch.setattr(cls, "train_list", [[n, md5(folder / n)] for n, _ in cls.train_list])
+    monkeypatch.setattr(cls, "test_list", [[n, md5(folder / n)] for n, _ in cls.test_list])
+    monkeypatch.setattr(cls, "meta", {**cls.meta, "md5": md5(folder / "batches.meta")})
+    return root
+
+
+def test_mnist_from_idx_files(tmp_path):
+    root = write_mnist(tmp_path / "data")
+    info = build_dataset(parse_config(["--dataset", "mnist", "--data-dir", str(root)], {}),
+                         SINGLE)
+    assert (info.in_channels, info.num_classes, len(info.dataset)) == (1, 10, 20)
+    x, y = info.dataset[3]
+    assert x.shape == (1, 28, 28) and x.dtype == torch.float32 and y == 3
+
+
+def test_cifar10_from_python_batches(cifar_root):
+    info = build_dataset(parse_config(["--dataset", "cifar10", "--data-dir", str(cifar_root)],
+                                      {}), SINGLE)
+    assert (info.in_channels, info.num_classes, len(info.dataset)) == (3, 10, 20)
+    x, y = info.dataset[11]
+    assert x.shape == (3, 32, 32) and y == 11 % 4 % 10
+
+
+def test_fake_data_needs_no_files(tmp_path):
+    config = parse_config(["--data-dir", str(tmp_path / "nothing"), "--fake-size", "5",
+                           "--image-size", "12", "--num-classes", "3"], {})
+    info = build_dataset(config, SINGLE)
+    assert (info.in_channels, info.num_classes, len(info.dataset)) == (3, 3, 5)
+    assert info.dataset[0][0].shape == (3, 12, 12)
+
+
+@pytest.mark.parametrize("dataset,folder", [("mnist", "MNIST/raw"),
+                                            ("cifar10", "cifar-10-batches-py")])
+def test_missing_data_names_the_folder_and_how_to_provide_it(tmp_path, dataset, folder):
+    config = parse_config(["--dataset", dataset, "--data-dir", str(tmp_path)], {})
+    with pytest.raises(DataMissingError) as err:
+        build_dataset(config, SINGLE)
+    msg = err.value.message
+    assert err.value.exit_code == ExitCode.DATA_MISSING
+    assert msg.startswith("--data-dir:") and str(tmp_path / folder) in msg
+    assert "--download" in msg and "missing:" in msg
+
+
+def test_partly_present_mnist_lists_what_is_missing(tmp_path):
+    root = write_mnist(tmp_path / "data")
+    (root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataMissingError, match=r"\(missing: t10k-labels-idx1-ubyte\)"):
+        build_dataset(parse_config(["--dataset", "mnist", "--data-dir", str(root)], {}), SINGLE)
+
+
+def test_corrupted_cifar_is_data_missing_not_a_traceback(tmp_path):
+    root = write_cifar10(tmp_path / "data")  # checksums do not match the published ones
+    with pytest.raises(DataMissingError, match="corrupted"):
+        build_dataset(parse_config(["--dataset", "cifar10", "--data-dir", str(root)], {}),
+                      SINGLE)
+
+
+def test_failed_download_is_reported_with_the_missing_data(tmp_path, monkeypatch):
+    def offline(config, download):
+        raise RuntimeError("<urlopen error [Errno -3] Temporary failure in name resolution>")
+
+    monkeypatch.setattr(data_mod, "_build", offline)
+    config = parse_config(["--dataset", "mnist", "--data-dir", str(tmp_path), "--download"], {})
+    with pytest.raises(DataMissingError, match="the download failed: <urlopen error"):
+        build_dataset(config, SINGLE)
+
+
+def test_sampler_shards_are_disjoint_and_change_with_the_epoch():
+    dataset = list(range(40))
+    samplers = [ResumableDistributedSampler(dataset, num_replicas=4, rank=r, seed=7)
+                for r in range(4)]
+    seen = {}
+    for epoch in (0, 1):
+        shards = []
+        for s in samplers:
+            s.set_epoch(epoch)
+            shards.append(list(s))
+        assert sorted(i for shard in shards for i in shard) == dataset
+        seen[epoch] = shards
+    assert seen[0] != seen[1]
+
+
+def test_sampler_resumes_mid_epoch():
+    dataset = list(range(30))
+    s = ResumableDistributedSampler(dataset, num_replicas=2, rank=1, seed=0)
+    s.set_epoch(3)
+    full = list(s)
+    s.set_epoch(3, skip=8)
+    assert list(s) == full[8:] and len(s) == 7
+    s.set_epoch(4)  # the skip applies to one epoch only
+    assert len(s) == 15
+
+
+def test_loader_batches(tmp_path):
+    config = parse_config(["--fake-size", "10", "--batch-size", "4", "--num-workers", "0"], {})
+    loader, sampler = build_loader(config, SINGLE, build_dataset(config, SINGLE))
+    sizes = [x.shape[0] for x, _ in loader]
+    assert sizes == [4, 4, 2] and data_mod.steps_per_epoch(sampler, 4) == 3

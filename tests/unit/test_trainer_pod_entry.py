@@ -1,0 +1,183 @@
+"""ddptrain-pod's pure parts: options, torchrun argv, the honest exit code, the wait, summaries."""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddpjob import contract
+from ddptrainer import summary
+from ddptrainer.pod_entry import (NodeEnv, PodArgs, PodUsageError, choose_exit_code,
+                                  normalize_exit_code, parse_pod_args, read_node_env,
+                                  torchrun_argv)
+from ddptrainer.progress import Progress
+from ddptrainer.rendezvous_wait import MasterUnreachable, wait_for_master
+
+pytestmark = pytest.mark.unit
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "trainer.md"
+
+
+# ----------------------------------------------------------------------------- options
+def test_trainer_flags_pass_through():
+    pod = parse_pod_args(["--model", "resnet50", "--lr", "0.1"])
+    assert pod == PodArgs("trainer", "ddptrainer.main", ("--model", "resnet50", "--lr", "0.1"))
+
+
+def test_pod_options_only_in_front():
+    pod = parse_pod_args(["--termination-log", "/t", "--rendezvous-timeout-seconds=5",
+                          "--script", "train.py", "--termination-log", "x"])
+    assert pod == PodArgs("script", "train.py", ("--termination-log", "x"), "/t", 5)
+    assert parse_pod_args(["-m", "my.module", "-m", "z"]).args == ("-m", "z")
+    assert parse_pod_args(["--", "--script", "s"]).args == ("--script", "s")
+
+
+@pytest.mark.parametrize("argv", [["--script"], ["--rendezvous-timeout-seconds", "0"],
+                                  ["--rendezvous-timeout-seconds", "soon"]])
+def test_bad_pod_options(argv):
+    with pytest.raises(PodUsageError):
+        parse_pod_args(argv)
+
+
+def test_node_env_defaults_to_one_plain_node():
+    node = read_node_env({}, PodArgs())
+    assert node == NodeEnv(nnodes=1, node_rank=0, nproc_per_node="1", master_addr=None)
+
+
+def test_node_env_from_the_operator():
+    env = contract.node_environment(job_name="j", namespace="ns", master_addr="j-node-0.j.ns.svc",
+                                    master_port=29500, nnodes=3, nproc_per_node=2, node_rank=2,
+                                    restart_attempt=0, device="cpu",
+                                    rendezvous_timeout_seconds=45)
+    node = read_node_env(env, PodArgs())
+    assert (node.nnodes, node.node_rank, node.nproc_per_node) == (3, 2, "2")
+    assert (node.master_addr, node.master_port, node.rendezvous_timeout_seconds) == (
+        "j-node-0.j.ns.svc", 29500, 45)
+    assert read_node_env(env, PodArgs(rendezvous_timeout_seconds=7)).rendezvous_timeout_seconds == 7
+
+
+@pytest.mark.parametrize("env", [{"PET_NODE_RANK": "x"}, {"PET_NNODES": "2", "PET_NODE_RANK": "2"},
+                                 {"DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS": "0"}])
+def test_bad_node_env(env):
+    with pytest.raises(PodUsageError):
+        read_node_env(env, PodArgs())
+
+
+def test_torchrun_argv_bounds_the_static_rendezvous():
+    node = NodeEnv(nnodes=2, node_rank=1, master_addr="m", rendezvous_timeout_seconds=33)
+    assert torchrun_argv(PodArgs(args=("--lr", "1")), node, {}) == [
+        "--rdzv-conf", "timeout=33", "-m", "ddptrainer.main", "--lr", "1"]
+    assert torchrun_argv(PodArgs("script", "t.py", ("a",)), node, {"PET_RDZV_CONF": "x=1"}) == [
+        "t.py", "a"]
+    assert torchrun_argv(PodArgs("module", "pkg.m"), NodeEnv(), {}) == ["-m", "pkg.m"]
+
+
+# ----------------------------------------------------------------------------- exit codes
+@dataclass
+class Failure:
+    exitcode: int
+    timestamp: int = 0
+
+
+@pytest.mark.parametrize("failures,expected", [
+    ({0: Failure(1)}, (0, 1)),
+    ({0: Failure(-15, 5), 1: Failure(2, 6)}, (1, 2)),          # permanent beats everything
+    ({0: Failure(13, 1), 1: Failure(3, 9)}, (1, 3)),
+    ({0: Failure(13, 1), 1: Failure(-9, 2)}, (1, 137)),         # root cause beats peer lost
+    ({0: Failure(143, 1), 1: Failure(1, 2)}, (1, 1)),
+    ({0: Failure(13, 3), 1: Failure(143, 3)}, (1, 143)),       # preempted beats peer lost
+    ({0: Failure(1, 4), 3: Failure(7, 2)}, (3, 7)),             # earliest root cause
+    ({2: Failure(13, 1), 1: Failure(13, 1)}, (1, 13)),          # tie: lowest rank
+])
+def test_choose_exit_code(failures, expected):
+    assert choose_exit_code(failures) == expected
+
+
+def test_signals_map_to_128_plus_n():
+    assert normalize_exit_code(-9) == 137 and normalize_exit_code(-15) == 143
+    assert normalize_exit_code(2) == 2
+
+
+# ----------------------------------------------------------------------------- the wait
+def test_wait_returns_once_the_port_accepts():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        result = wait_for_master("localhost", port, 5, log=lambda m: None)
+    assert result.attempts == 1 and result.address in ("127.0.0.1", "::1")
+
+
+def test_wait_gives_up_after_the_bound_and_logs_sparingly():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        now = [0.0]
+        logged = []
+        with pytest.raises(MasterUnreachable, match=r"not reachable within 60s .*does not accept"):
+            wait_for_master("127.0.0.1", port, 60, logged.append, clock=lambda: now[0],
+                            sleep=lambda dt: now.__setitem__(0, now[0] + dt))
+    # backoff 0.5, 1, 2, 4, 5, 5, ... over 60 s: ~16 attempts, one line per 15 s at most
+    assert 3 <= len(logged) <= 6
+    assert all("waiting for master 127.0.0.1" in line for line in logged)
+
+
+def test_unresolvable_name_is_reported_as_such():
+    with pytest.raises(MasterUnreachable, match="does not resolve"):
+        wait_for_master("nosuchhost.invalid", 1, 0.1, lambda m: None)
+
+
+# ----------------------------------------------------------------------------- summaries
+def test_termination_message_is_truncated_to_4k(tmp_path):
+    path = tmp_path / "term"
+    assert summary.write_termination_message("é" * 5000, str(path), explicit=True)
+    text = path.read_text()
+    assert len(text.encode()) <= 4096 + 1 and text.rstrip().endswith("[truncated]")
+
+
+def test_default_path_is_written_only_if_it_exists(tmp_path, monkeypatch):
+    missing = tmp_path / "termination-log"
+    assert not summary.write_termination_message("x", str(missing), explicit=False)
+    assert not missing.exists()
+    missing.write_text("")
+    assert summary.write_termination_message("x", str(missing), explicit=False)
+    assert not summary.write_termination_message("x", str(tmp_path / "no" / "f"), explicit=True)
+    assert summary.resolve_termination_log(None, {}) == ("/dev/termination-log", False)
+    assert summary.resolve_termination_log(None, {"DDPJOB_TERMINATION_LOG": "/e"}) == ("/e", True)
+    assert summary.resolve_termination_log("/f", {"DDPJOB_TERMINATION_LOG": "/e"}) == ("/f", True)
+
+
+def test_rank_summaries_roundtrip(tmp_path):
+    env = {summary.ENV_SUMMARY_DIR: str(tmp_path)}
+    assert summary.write_rank_summary("done", 3, env)
+    assert summary.read_rank_summaries(str(tmp_path)) == {3: "done"}
+
+
+# ----------------------------------------------------------------------------- progress
+def test_progress_text_and_json(capsys):
+    import io
+    import json
+
+    fields = dict(epoch=2, epochs=3, step=40, total_steps=100, loss=2.103456,
+                  images_per_sec=812.44, eta_seconds=73.2, world_size=2, data_wait_fraction=0.05)
+    text, js = io.StringIO(), io.StringIO()
+    Progress(True, "text", text).progress(**fields)
+    Progress(True, "json", js).progress(**fields)
+    Progress(False, "text", text).progress(**fields)  # not rank 0: silent
+    assert text.getvalue() == ("ddptrain: progress epoch=2/3 step=40/100 loss=2.1035 "
+                               "images_per_sec=812.4 eta_seconds=73 world_size=2 "
+                               "data_wait_fraction=0.05\n")
+    record = json.loads(js.getvalue())
+    assert record["world_size"] == 2 and record["step"] == 40 and record["epoch"] == 2
+    assert set(record) >= {"epoch", "step", "total_steps", "loss", "images_per_sec",
+                           "eta_seconds", "world_size"}
+
+
+# ----------------------------------------------------------------------------- the docs
+def test_docs_exit_code_table_matches_the_contract():
+    rows = re.findall(r"^\|\s*(\d+)\s*\|\s*([^|]+?)\s*\|", DOCS.read_text(), re.MULTILINE)
+    documented = {int(code): meaning for code, meaning in rows}
+    assert documented == dict(contract.EXIT_CODE_MEANINGS)
