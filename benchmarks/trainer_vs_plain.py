@@ -7,7 +7,7 @@ progress lines, the stop-flag agreement every step, checkpoints every ``--checkp
 steps. Both runs are timed the same way: wall-clock time stamps that global rank 0 prints at
 steps ``warmup`` and ``warmup + steps``; images/s = steps x batch x ranks / elapsed.
 
-    python benchmarks/trainer_vs_plain.py                 # the recorded figure (~4 min)
+    python benchmarks/trainer_vs_plain.py                 # the recorded figure (~5 min)
     python benchmarks/trainer_vs_plain.py --smoke         # seconds: does everything still run?
 
 ``--repeats`` alternates plain/trainer runs (ABAB...) and reports the median of each, which
@@ -102,18 +102,19 @@ def main() -> None:
         plain_worker(sys.argv[2:])
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=150, help="timed steps (a multiple of --log-every)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=60, help="timed steps (a multiple of --log-every)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--nproc", type=int, default=2, help="gloo ranks")
     p.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--checkpoint-every", type=int, default=50, help="the trainer's")
-    p.add_argument("--repeats", type=int, default=1, help="alternating runs of each")
+    p.add_argument("--checkpoint-every", type=int, default=30, help="the trainer's")
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs of each")
     p.add_argument("--smoke", action="store_true", help="tiny run for CI (seconds)")
     a = p.parse_args()
     if a.smoke:
         a.steps, a.warmup, a.batch_size, a.log_every, a.checkpoint_every = 4, 2, 8, 2, 4
+        a.repeats = 1
     if a.steps % a.log_every or a.warmup % a.log_every:
         sys.exit("--steps and --warmup must be multiples of --log-every")
     total = a.warmup + a.steps
@@ -137,14 +138,15 @@ def main() -> None:
                 results[name].append(ips)
                 print(f"run {i + 1}/{a.repeats} {name:8s} {ips:8.1f} images/s", flush=True)
     plain_ips, trainer_ips = (statistics.median(results[k]) for k in ("plain", "trainer"))
-    print(f"plain loop : {plain_ips:8.1f} images/s")
-    print(f"ddptrain   : {trainer_ips:8.1f} images/s")
+    spread = {k: f"{min(v):.1f}-{max(v):.1f}" for k, v in results.items()}
+    print(f"plain loop : {plain_ips:8.1f} images/s (median; runs {spread['plain']})")
+    print(f"ddptrain   : {trainer_ips:8.1f} images/s (median; runs {spread['trainer']})")
     print(f"ratio      : {trainer_ips / plain_ips:.3f}x (target >= 0.97x)")
     print(json.dumps({"plain_images_per_sec": round(plain_ips, 1),
                       "trainer_images_per_sec": round(trainer_ips, 1),
                       "ratio": round(trainer_ips / plain_ips, 3), "steps": a.steps,
                       "warmup": a.warmup, "batch_size": a.batch_size, "nproc": a.nproc,
-                      "repeats": a.repeats, "cpu_count": os.cpu_count()}))
+                      "repeats": a.repeats, "runs": results, "cpu_count": os.cpu_count()}))
 
 
 if __name__ == "__main__":

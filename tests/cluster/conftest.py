@@ -223,10 +223,8 @@ def start_operator(cluster: Cluster) -> Callable[..., OperatorProcess]:
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: Cluster, request: pytest.FixtureRequest):
-    """The DDPJob operator as in production, from manifests/: ``.start()``, ``.kill()``
-    (SIGKILL, or a force-deleted pod on kind), ``.restart()``, ``.stop()``, ``.logs()``,
-    ``.running``, ``.log_path``. Started before the first test that asks for it."""
+def operator_session(cluster: Cluster, request: pytest.FixtureRequest):
+    """The DDPJob operator for the whole session (see `operator`)."""
     if cluster.testbed is None:
         handle = kind_target.KindOperator(cluster.kubectl, cluster.run_dir / "operator.log")
         handle.start()
@@ -238,10 +236,21 @@ def operator(cluster: Cluster, request: pytest.FixtureRequest):
     except (KubectlError, RuntimeError) as error:
         pytest.fail(f"applying manifests/ failed: {error}")
     start = request.getfixturevalue("start_operator")
-    handle = start(operator_command(), name="ddpjob-operator",
+    handle = start(operator_command(documents), name="ddpjob-operator",
                    env=operator_environment(documents))
     yield handle
     handle.stop()
+
+
+@pytest.fixture
+def operator(operator_session):
+    """The DDPJob operator as in production, from manifests/: ``.start()``, ``.kill()``
+    (SIGKILL; on kind a force-deleted pod), ``.restart()``, ``.stop()``, ``.logs()``,
+    ``.running``, ``.log_path``. One per session; every test gets it running, even after an
+    earlier test killed it and failed before starting it again."""
+    if not operator_session.running:
+        operator_session.start()
+    return operator_session
 
 
 # -- reporting --------------------------------------------------------------------------

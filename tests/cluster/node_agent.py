@@ -87,13 +87,16 @@ class NodeSpec:
         )
 
 
+AGENT_STARTED = now()  # the conditions never change while the agent runs
+
+
 def node_status(node: dict, address: str) -> dict:
     capacity = json.loads(node["metadata"].get("annotations", {}).get(CAPACITY_ANNOTATION, "{}"))
     timestamp = now()
 
     def condition(kind: str, status: str, reason: str, message: str) -> dict:
         return {"type": kind, "status": status, "reason": reason, "message": message,
-                "lastHeartbeatTime": timestamp, "lastTransitionTime": timestamp}
+                "lastHeartbeatTime": timestamp, "lastTransitionTime": AGENT_STARTED}
 
     return {"status": {
         "capacity": capacity,
@@ -276,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="file listing host paths created as mount targets")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(threadName)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(message)s")
     if os.geteuid() != 0:
         sys.exit("the node agent needs root (network namespaces, bind mounts)")
 

@@ -202,7 +202,7 @@ def container_mounts(
             k in volumes[name] for k in _READ_ONLY_KINDS)
         mounts.append({"source": str(source), "target": target, "read_only": read_only})
     termination_log = pod_dir / "termination-log"
-    termination_log.touch()
+    termination_log.write_bytes(b"")  # each container run starts with an empty message
     termination_log.chmod(0o666)
     target = container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
     registry.ensure(target, is_dir=False)

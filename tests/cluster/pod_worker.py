@@ -95,8 +95,11 @@ class PodWorker(threading.Thread):
     def run(self) -> None:
         try:
             self._run()
-        except Exception:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001
+            # A bug or a host problem (say, no network namespace): fail the pod, saying why,
+            # rather than leave a test waiting on a pod that stays Pending.
             log.exception("%s: worker failed", self.label)
+            self._fail_to_start(f"test node agent error: {error!r}")
         finally:
             self._cleanup()
             with self._lock:

@@ -41,7 +41,7 @@ class ProcessExited(RuntimeError):
 
 
 class PidFile:
-    """A JSON list of {pid, exe} for the processes one test bed run started."""
+    """A JSON list of {pid, argv} for the processes one test bed run started."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -52,25 +52,27 @@ class PidFile:
         except (FileNotFoundError, ValueError):
             return []
 
-    def add(self, pid: int, exe: str) -> None:
+    def add(self, pid: int, argv: Sequence[str]) -> None:
         entries = self._read()
-        entries.append({"pid": pid, "exe": exe})
+        entries.append({"pid": pid, "argv": list(argv[:3])})
         self.path.write_text(json.dumps(entries))
 
     def kill_stale(self) -> list[int]:
         """SIGKILL the process groups of a previous run whose processes still exist.
 
-        A pid is only trusted if /proc/<pid>/cmdline still names the same executable, so a
-        recycled pid of an unrelated process is left alone.
+        A pid is only trusted if /proc/<pid>/cmdline still starts with the same arguments,
+        so a recycled pid of an unrelated process is left alone.
         """
         killed = []
         for entry in self._read():
-            pid, exe = entry["pid"], entry["exe"]
+            pid, argv = entry.get("pid"), entry.get("argv")
+            if not pid or not argv:
+                continue
             try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if not any(exe.encode() in part for part in cmdline[:3]):
+            if cmdline.split("\0")[:len(argv)] != argv:
                 continue
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -121,7 +123,7 @@ class ManagedProcess:
                 preexec_fn=_die_with_parent(self.death_signal),
             )
         if self.pidfile:
-            self.pidfile.add(self.popen.pid, os.path.basename(self.argv[0]))
+            self.pidfile.add(self.popen.pid, self.argv)
         return self
 
     @property
@@ -140,7 +142,7 @@ class ManagedProcess:
                 f"last lines of {self.log_path}:\n{self.log_tail()}"
             )
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:

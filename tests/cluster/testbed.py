@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from .controlplane import ControlPlane, control_plane_binaries
 from .kube import Kubectl, api_client_from_kubeconfig
-from .node_agent import AGENT_LABEL, NodeSpec
+from .node_agent import NodeSpec
 from .processes import ManagedProcess, PidFile, wait_for
 
 STATE_ROOT = Path(os.environ.get("DDPJOB_TESTBED_DIR", "/tmp/ddpjob-testbed"))
@@ -167,8 +168,6 @@ def _pythonpath() -> str:
 
 def node_is_ready(kubectl: Kubectl, name: str) -> bool:
     """Ready=True and no not-ready taint left: the scheduler will place pods on it."""
-    import json
-
     result = kubectl("get", "node", name, "-o", "json", check=False)
     if result.returncode != 0:
         return False
@@ -189,6 +188,3 @@ def wait_for_node_ready(kubectl: Kubectl, name: str, timeout: float,
 
     wait_for(ready, timeout, f"node {name} Ready and untainted")
 
-
-__all__ = ["AGENT_LABEL", "LocalTestbed", "NodeSpec", "default_node_specs",
-           "wait_for_node_ready"]

@@ -89,3 +89,11 @@ def test_local_weights_load_where_shapes_fit(tmp_path):
 def test_missing_weights_file_is_bad_config(tmp_path):
     with pytest.raises(ConfigError, match="^--weights: .* is not a file"):
         build_model("tiny-cnn", 3, 10, weights=str(tmp_path / "none.pt"))
+
+
+def test_unusable_checkpoint_folder_is_found_at_start(tmp_path):
+    assert checkpoint.check_writable(SINGLE, str(tmp_path / "new")) is None
+    assert (tmp_path / "new").is_dir()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert "cannot be created" in checkpoint.check_writable(SINGLE, str(blocker / "sub"))

@@ -137,6 +137,25 @@ def save(ctx: DistContext, folder: str, keep: int, state: dict) -> str:
     return path
 
 
+def check_writable(ctx: DistContext, folder: str) -> Optional[str]:
+    """Collective: rank 0 creates ``folder`` and checks it can write there; the problem, if any,
+    for every rank. Checked at start so a read-only volume fails in seconds, not at the first
+    save."""
+    problem = None
+    if ctx.is_main:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if not os.access(folder, os.W_OK | os.X_OK):
+                problem = f"{folder} is not writable by uid {os.getuid()}"
+        except OSError as e:
+            problem = f"{folder} cannot be created: {e.strerror or e}"
+    if ctx.distributed:
+        box = [problem]
+        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
+        problem = box[0]
+    return problem
+
+
 def load_latest(ctx: DistContext, folder: str) -> Optional[tuple[str, dict]]:
     """Collective: rank 0 picks the newest file; every rank loads it (or none does)."""
     box = [latest_checkpoint(folder) if ctx.is_main else None]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from ddpjob import contract
@@ -131,9 +131,6 @@ class TrainConfig:
         if self.backend == "nccl" and self.device == "cpu":
             raise ConfigError("--backend: nccl needs --device gpu (use gloo or auto on CPU)")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def _choice(flag: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
@@ -217,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=flt, default=0.0)
     g.add_argument("--seed", type=num, default=0)
     g = p.add_argument_group("devices and processes")
-    g.add_argument("--device", help=f"auto, cpu or gpu (default: ${contract.DDPJOB_DEVICE} or auto)")
+    g.add_argument("--device",
+                   help=f"auto, cpu or gpu (default: ${contract.DDPJOB_DEVICE} or auto)")
     g.add_argument("--backend", choices=BACKENDS, default="auto")
     g.add_argument("--precision", choices=PRECISIONS, default="auto")
     g.add_argument("--cpu-threads", type=num, default=0)

@@ -57,7 +57,7 @@ def _int_env(env: Mapping[str, str], name: str) -> Optional[int]:
 
 
 def resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
-    """cuda:LOCAL_RANK or cpu; ConfigError (exit 2, not a hang) when a GPU is asked for and absent."""
+    """cuda:LOCAL_RANK or cpu; ConfigError (exit 2, never a hang) when a GPU is missing."""
     want = config.device
     if want == "auto":
         want = "gpu" if torch.cuda.is_available() else "cpu"

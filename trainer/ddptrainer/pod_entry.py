@@ -192,6 +192,11 @@ def _raise_terminated(signum: int, _frame: Any) -> NoReturn:
     raise _Terminated(signum)
 
 
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
+
+
 def _log(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
@@ -202,6 +207,14 @@ def _worker_note(summaries: Mapping[int, str], rank: Optional[int]) -> str:
     if summaries:
         return summaries[min(summaries)]
     return ""
+
+
+def _summary_dir() -> Optional[str]:
+    """A private folder for the workers' summaries; None (no summaries) on a read-only /tmp."""
+    try:
+        return tempfile.mkdtemp(prefix="ddptrain-pod-")
+    except OSError:
+        return None
 
 
 def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
@@ -216,7 +229,7 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         signal.signal(sig, _raise_terminated)
     pod: Optional[PodArgs] = None
     node_rank = 0
-    summary_dir = tempfile.mkdtemp(prefix="ddptrain-pod-")
+    summary_dir = _summary_dir()
     code, message = 0, ""
     try:
         pod = parse_pod_args(raw)
@@ -242,7 +255,8 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         code, message = 128 + e.signum, f"stopped by signal {e.signum} before training started"
         _log(message)
     finally:
-        shutil.rmtree(summary_dir, ignore_errors=True)
+        if summary_dir:
+            shutil.rmtree(summary_dir, ignore_errors=True)
     path, explicit = summary.resolve_termination_log(pod.termination_log if pod else None, env)
     summary.write_termination_message(f"{PROG}: node {node_rank}: exit {code}: {message}",
                                       path, explicit)
@@ -250,7 +264,7 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
 
 
 def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
-                  summary_dir: str) -> tuple[int, str]:
+                  summary_dir: Optional[str]) -> tuple[int, str]:
     # Imported late: waiting for the master should not pay for importing torch.
     import torch.distributed.run as torchrun
     from torch.distributed import DistError
@@ -259,7 +273,12 @@ def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     # Workers inherit os.environ; each leaves its one-line summary in summary_dir.
-    os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
+    if summary_dir:
+        os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
+
+    def summaries() -> dict[int, str]:
+        return summary.read_rank_summaries(summary_dir) if summary_dir else {}
+
     args = torchrun.parse_args(torchrun_argv(pod, node, env))
     started = time.monotonic()
     try:
@@ -267,29 +286,30 @@ def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
     except ChildFailedError as e:
         rank, code = choose_exit_code(e.failures)
         failure = e.failures[rank]
-        note = (_worker_note(summary.read_rank_summaries(summary_dir), rank)
+        note = (_worker_note(summaries(), rank)
                 # torchrun's message is a real one only when the worker left an error file
                 or (failure.message if failure.exitcode < 0
                     or os.path.isfile(failure.error_file or "") else "")
                 or "the worker left no summary (see the pod log)")
         others = len(e.failures) - 1
-        message = (f"worker rank {rank} exited {code} ({contract.describe_exit_code(code)})"
-                   f"{f' and {others} more' if others else ''}: {note}")
+        message = f"worker rank {rank} exited {code} ({contract.describe_exit_code(code)}): {note}"
+        if others:
+            message += f" [{others} other worker(s) failed too]"
         _log(message)
         return code, message
     except SignalException as e:
         code = 128 + int(e.sigval)
-        note = _worker_note(summary.read_rank_summaries(summary_dir), None)
+        note = _worker_note(summaries(), None)
         message = f"stopped by signal {int(e.sigval)}; workers were asked to save: {note}"
         _log(message)
         return code, message
     except (RendezvousError, DistError) as e:
         waited = time.monotonic() - started
         message = (f"rendezvous timeout: the {node.nnodes} nodes did not meet within "
-                   f"{waited:.0f}s: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
+                   f"{waited:.0f}s: {_first_line(e)}")
         _log(message)
         return int(ExitCode.RENDEZVOUS_TIMEOUT), message
-    note = _worker_note(summary.read_rank_summaries(summary_dir), None)
+    note = _worker_note(summaries(), None)
     return 0, note or "completed"
 
 

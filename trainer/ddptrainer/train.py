@@ -10,7 +10,6 @@ and averaged across ranks (one all-reduce, one ``.item()``) every ``--log-every`
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -87,6 +86,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _maybe_resume(self) -> None:
+        problem = checkpoint.check_writable(self.ctx, self.config.checkpoint_dir)
+        if problem:
+            raise ConfigError(f"--checkpoint-dir: {problem}")
         if not self.config.resume:
             return
         found = checkpoint.load_latest(self.ctx, self.config.checkpoint_dir)

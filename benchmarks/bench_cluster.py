@@ -1,0 +1,381 @@
+"""The operator benchmarks' harness: a test bed with the real operator, a watch that stamps
+every pod and DDPJob event with its arrival time, job manifests, process CPU and memory, the
+API server's audit log, and the results file.
+
+A benchmark script runs standalone (``Bed.local``: its own control plane, node agent and
+operator, as the end-to-end tests start them; it waits for the machine-wide test bed lock) or
+inside the pytest session (``Bed.from_fixtures``: the session's test bed and operator; that is
+how tests/cluster/test_bench_smoke.py runs each one's ``--smoke`` mode).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+for _path in (REPO / "tests", REPO / "benchmarks", REPO):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import yaml  # noqa: E402
+
+from bench_stats import JobObs, PodObs, job_obs, parse_audit, pod_obs  # noqa: E402
+from cluster.kube import Kubectl  # noqa: E402
+from cluster.node_agent import NodeSpec  # noqa: E402
+from cluster.operator_runner import (  # noqa: E402
+    OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, OperatorProcess, apply_manifests,
+    operator_command, operator_environment, service_account_kubeconfig,
+)
+from cluster.rest import Informer, RestClient  # noqa: E402
+from cluster.testbed import LocalTestbed  # noqa: E402
+
+OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SERVICE_ACCOUNT}"
+RESULTS_DIR = REPO / "benchmarks" / "results"
+API = "ddpjob.dev/v1alpha1"
+JOBS_PATH = "/apis/ddpjob.dev/v1alpha1/namespaces/{ns}/ddpjobs"
+JOB_LABEL = "ddpjob.dev/job-name"
+SLEEP_1 = ["python3", "-c", "import time; time.sleep(1)"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line and results
+# ---------------------------------------------------------------------------------------------
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--smoke", action="store_true", help="one tiny run of each case (seconds), for CI")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
+                        help="where the JSON results go (default: %(default)s)")
+    parser.add_argument("--nodes", type=int, default=4, help="test nodes of the standalone test bed")
+    parser.add_argument("--pods-per-node", type=int, default=200, help="pod capacity of each test node")
+    parser.add_argument("--operator-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra operator environment, e.g. DDPJOB_OPERATOR_CREATE_WORKERS=8")
+    return parser
+
+
+def machine_info() -> dict[str, Any]:
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "memory_gib": round(int(meminfo["MemTotal"].split()[0]) / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "loadavg_start": os.getloadavg(),
+        "git": commit + ("-dirty" if dirty else ""),
+    }
+
+
+def write_results(name: str, args: argparse.Namespace, machine: dict, results: dict) -> Path:
+    machine = {**machine, "loadavg_end": os.getloadavg()}
+    suffix = "-smoke" if args.smoke else ""
+    path = Path(args.results_dir) / f"{name}{suffix}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    command = "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
+        if sys.argv and sys.argv[0].endswith(".py") else f"{name} (in-process)"
+    payload = {"benchmark": name, "command": command, "machine": machine, **results}
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    return path
+
+
+def env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--operator-env wants NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of the process (its threads included), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14 and 15 of stat(5)
+
+
+def proc_memory_mib(pid: int) -> dict[str, float]:
+    """VmRSS (now) and VmHWM (the peak resident set since the process started), MiB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return {"rss_mib": values.get("VmRSS", 0.0), "peak_mib": values.get("VmHWM", 0.0)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The test bed and the operator
+# ---------------------------------------------------------------------------------------------
+class Bed:
+    """What a benchmark needs: admin clients, the operator process, the component pids, the
+    audit log."""
+
+    def __init__(self, testbed: LocalTestbed, kubectl: Kubectl, operator: OperatorProcess, *,
+                 owns_operator: bool):
+        self.testbed = testbed
+        self.kubectl = kubectl
+        self.rest = RestClient.from_kubeconfig(testbed.control_plane.kubeconfig)
+        self.operator = operator
+        self.owns_operator = owns_operator
+        self.audit_log: Path = getattr(testbed.control_plane, "audit_log", None) or \
+            testbed.run_dir / "logs" / "audit.log"
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    @contextlib.contextmanager
+    def local(cls, args: argparse.Namespace) -> Iterator["Bed"]:
+        """A fresh test bed (``args.nodes`` nodes of ``args.pods_per_node`` pods) and operator,
+        stopped on the way out."""
+        specs = [NodeSpec(f"bench-{i}", cpu="64", memory="256Gi", pods=args.pods_per_node)
+                 for i in range(args.nodes)]
+        testbed = LocalTestbed()
+        try:
+            print(f"starting the test bed ({args.nodes} nodes) ...", file=sys.stderr, flush=True)
+            testbed.start(specs)
+            kubectl = Kubectl(testbed.control_plane.kubeconfig)
+            documents = apply_manifests(kubectl, include_workloads=False)
+            control_plane = testbed.control_plane
+            kubeconfig = service_account_kubeconfig(
+                kubectl, control_plane.server, control_plane.pki.ca_cert,
+                testbed.run_dir / "operator.kubeconfig")
+            operator = OperatorProcess(
+                operator_command(documents), kubeconfig, testbed.run_dir / "logs" / "operator.log",
+                extra_pythonpath=str(REPO / "tests"),
+                env={**operator_environment(documents), **env_pairs(args.operator_env)},
+                register=testbed.extra_processes.append)
+            operator.start()
+            print(f"test bed up: {testbed.run_dir}", file=sys.stderr, flush=True)
+            yield cls(testbed, kubectl, operator, owns_operator=True)
+        finally:
+            testbed.stop()
+
+    @classmethod
+    def from_fixtures(cls, cluster: Any, operator: OperatorProcess) -> "Bed":
+        """The pytest session's test bed and operator (the `cluster` and `operator` fixtures)."""
+        return cls(cluster.testbed, cluster.kubectl, operator, owns_operator=False)
+
+    # -- the operator -------------------------------------------------------------------------
+    @property
+    def operator_pid(self) -> int:
+        return self.operator.process.pid
+
+    def restart_operator(self) -> bool:
+        """A fresh operator process (so its peak memory is this scenario's); only a bed that
+        started its own operator does this. Returns whether it restarted."""
+        if not self.owns_operator:
+            return False
+        self.operator.stop()
+        self.operator.start()
+        return True
+
+    def component_pids(self) -> dict[str, int]:
+        pids = {p.name: p.pid for p in self.testbed.control_plane.processes}
+        pids["node-agent"] = self.testbed.agent.pid
+        pids["operator"] = self.operator_pid
+        return pids
+
+    def cpu_snapshot(self) -> dict[str, float]:
+        """CPU seconds used so far by each component (the node agent without its pods)."""
+        snapshot = {}
+        for name, pid in self.component_pids().items():
+            try:
+                snapshot[name] = proc_cpu_seconds(pid)
+            except OSError:
+                pass
+        return snapshot
+
+    @staticmethod
+    def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {k: round(after[k] - before[k], 2) for k in after if k in before and after[k] >= before[k]}
+
+    # -- the audit log ------------------------------------------------------------------------
+    def audit_offset(self) -> int:
+        try:
+            return self.audit_log.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def audit_records(self, offset: int, namespace: Optional[str] = None, settle: float = 1.0):
+        """The operator's completed requests logged after ``offset`` (in ``namespace`` only,
+        if given); ``settle`` seconds first, for the last requests to be written."""
+        time.sleep(settle)
+        if not self.audit_log.exists():
+            return None
+        with open(self.audit_log, "rb") as handle:
+            handle.seek(offset)
+            lines = handle.read().decode(errors="replace").splitlines()
+        records = parse_audit(lines, OPERATOR_USER)
+        if namespace is not None:
+            records = [r for r in records if r.namespace == namespace]
+        return records
+
+    # -- namespaces, jobs ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def namespace(self, prefix: str) -> Iterator[str]:
+        name = f"{prefix}-{secrets.token_hex(3)}"
+        self.kubectl("create", "namespace", name)
+        deadline = time.monotonic() + 60
+        while self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no default ServiceAccount in {name}")
+            time.sleep(0.2)
+        try:
+            yield name
+        finally:
+            self.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+    def apply(self, manifests: Sequence[dict]) -> float:
+        """``kubectl apply -f -`` of the manifests; returns how long kubectl took."""
+        started = time.time()
+        self.kubectl.apply_yaml(list(manifests))
+        return time.time() - started
+
+    def pod_pids(self, uid: str) -> list[int]:
+        """The processes in a pod's network namespace (the node agent names it after the uid)."""
+        result = subprocess.run(["ip", "netns", "pids", f"ddpjob-{uid[:23]}"],
+                                capture_output=True, text=True)
+        return [int(p) for p in result.stdout.split()]
+
+    def kill_pod_processes(self, uid: str) -> int:
+        """SIGKILL everything in the pod, as the OOM killer or a crash would: exit 137."""
+        pids = self.pod_pids(uid)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(pids)
+
+
+def ddpjob(name: str, namespace: str, nnodes: int, command: Sequence[str] = SLEEP_1,
+           **spec: Any) -> dict:
+    """A DDPJob whose pods run ``command`` (the test bed ignores the image)."""
+    body = {"nnodes": nnodes, "image": "python:3.11-slim", "command": list(command),
+            "shmSize": "64Mi", "startupTimeoutSeconds": 600, **spec}
+    return {"apiVersion": API, "kind": "DDPJob", "metadata": {"name": name, "namespace": namespace},
+            "spec": body}
+
+
+# ---------------------------------------------------------------------------------------------
+# The watch
+# ---------------------------------------------------------------------------------------------
+class Recorder:
+    """Watches the DDPJob pods and DDPJobs of one namespace from this process, stamping each
+    event with ``time.time()`` as it arrives. Both watches share this process and clock, so
+    "the pod changed" and "the job's status showed it" are compared like for like."""
+
+    def __init__(self, bed: Bed, namespace: str):
+        self.namespace = namespace
+        self.pods: list[PodObs] = []
+        self.jobs: list[JobObs] = []
+        self.live: dict[str, PodObs] = {}  # uid -> latest, until DELETED
+        self.job_state: dict[str, JobObs] = {}
+        self.changed = threading.Condition()
+        self.stop_event = threading.Event()
+        self.informers = [
+            Informer(bed.rest, f"/api/v1/namespaces/{namespace}/pods", self._on_pod,
+                     label_selector=JOB_LABEL, stop=self.stop_event),
+            Informer(bed.rest, JOBS_PATH.format(ns=namespace), self._on_job, stop=self.stop_event),
+        ]
+
+    def __enter__(self) -> "Recorder":
+        for informer in self.informers:
+            informer.start()
+        for informer in self.informers:
+            informer.synced.wait(30)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_event.set()
+
+    def _on_pod(self, event: str, pod: dict) -> None:
+        obs = pod_obs(time.time(), event, pod)
+        if obs is None:
+            return
+        with self.changed:
+            self.pods.append(obs)
+            if event == "DELETED":
+                self.live.pop(obs.uid, None)
+            else:
+                self.live[obs.uid] = obs
+            self.changed.notify_all()
+
+    def _on_job(self, event: str, job: dict) -> None:
+        obs = job_obs(time.time(), event, job)
+        with self.changed:
+            self.jobs.append(obs)
+            if event == "DELETED":
+                self.job_state.pop(obs.name, None)
+            else:
+                self.job_state[obs.name] = obs
+            self.changed.notify_all()
+
+    def wait(self, predicate: Callable[["Recorder"], Any], timeout: float, what: str) -> Any:
+        """Block until ``predicate(self)`` is truthy (checked on every event); TimeoutError
+        naming ``what`` and the jobs' phases otherwise."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                result = predicate(self)
+                if result:
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    phases = {n: (j.phase, j.ready) for n, j in list(self.job_state.items())[:10]}
+                    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; jobs: {phases}")
+                self.changed.wait(min(left, 1.0))
+
+    # -- predicates ---------------------------------------------------------------------------
+    def phase(self, job: str) -> str:
+        state = self.job_state.get(job)
+        return state.phase if state else ""
+
+    def finished(self, jobs: Sequence[str]) -> bool:
+        return all(self.phase(j) in ("Succeeded", "Failed") for j in jobs)
+
+    def running_pods(self, job: str, attempt: int) -> int:
+        return sum(1 for p in self.live.values()
+                   if p.job == job and p.attempt == attempt and p.phase == "Running" and not p.deleting)
+
+    def pods_of(self, job: str) -> list[PodObs]:
+        return [p for p in self.live.values() if p.job == job]
+
+    def no_pods(self) -> bool:
+        return not self.live
+
+    def clear(self) -> None:
+        """Forget the events so far (between repeated runs in one namespace)."""
+        with self.changed:
+            self.pods, self.jobs = [], []
+
+
+def delete_jobs(bed: Bed, rec: Recorder, timeout: float = 180) -> None:
+    """Delete every DDPJob of the recorder's namespace and wait until their pods are gone, so
+    the next run starts on a quiet cluster."""
+    bed.kubectl("delete", "ddpjobs", "--all", "-n", rec.namespace, "--wait=false")
+    rec.wait(lambda r: r.no_pods() and not r.job_state, timeout, "the jobs and their pods to be gone")

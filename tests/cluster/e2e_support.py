@@ -1,0 +1,447 @@
+"""Helpers of the end-to-end scenarios (tests/cluster/test_e2e_*.py), on top of the test bed's
+fixtures (conftest.py). The same helpers run on both targets; where the local test bed and
+kind must differ, the branch is here, in one place, and says why:
+
+* ``kill_training_worker``: locally every pod's processes are host processes, so the worker
+  is found by scanning the host's /proc; on kind the same script runs inside the pod with
+  ``kubectl exec`` (each container has its own PID namespace there).
+* ``checkpoint_steps``: locally the ``shared_host_dir`` fixture is a host directory the test
+  reads; on kind a ``hostPath`` lives inside the kind node container, so the test lists it
+  with ``kubectl exec`` in a pod that mounts it.
+* ``prepare_shared_dir``: on kind, kubelet creates a ``hostPath`` (DirectoryOrCreate) as
+  root, mode 0755, and the trainer image runs as uid 10001, so a short root pod opens the
+  directory up first (locally pods run as root and the fixture made the directory already).
+  With one kind node (scripts/e2e-kind.sh) every pod sees the same directory; with several
+  nodes a hostPath is not shared and the resume scenario cannot work there.
+
+Reads go through the API (``cluster.api_client``) as plain dicts; the scenarios use the real
+``kubectl`` where the issue says so (``kubectl apply``, ``kubectl get ddpjobs``).
+"""
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import pytest
+
+from ddpjob import contract
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "examples"
+GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
+JOB_LABEL = contract.LABEL_JOB_NAME
+RANK_LABEL = contract.LABEL_NODE_RANK
+ATTEMPT_LABEL = contract.LABEL_RESTART_ATTEMPT
+FINISHED = ("Succeeded", "Failed")
+
+# The tiny training the scenarios use: the trainer's small CNN on generated data, one thread
+# per rank (this machine has 2 cores), no DataLoader worker processes.
+TINY_TRAINING_ARGS = ["--model=tiny-cnn", "--dataset=fake", "--image-size=32",
+                      "--num-workers=0", "--cpu-threads=1"]
+ONE_THREAD_ENV = [{"name": "OMP_NUM_THREADS", "value": "1"}]
+
+
+# -- manifests --------------------------------------------------------------------------
+def python_command(code: str) -> list[str]:
+    """A container command running ``python -c code`` (the host's Python locally, the trainer
+    image's on kind)."""
+    return ["python", "-u", "-c", textwrap.dedent(code).strip()]
+
+
+def ddpjob_manifest(name: str, image: str, *, nnodes: int = 2, command: Optional[list] = None,
+                    args: Optional[list] = None, **spec: Any) -> dict:
+    """A DDPJob. Short grace period and startup timeout unless given: the scenarios should not
+    wait on defaults meant for real clusters."""
+    body: dict[str, Any] = {"nnodes": nnodes, "image": image, **spec}
+    if command is not None:
+        body["command"] = command
+    if args is not None:
+        body["args"] = args
+    template = body.setdefault("template", {})
+    template.setdefault("spec", {}).setdefault("terminationGracePeriodSeconds", 5)
+    body.setdefault("startupTimeoutSeconds", 120)
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": contract.KIND,
+            "metadata": {"name": name}, "spec": body}
+
+
+def hostpath_volume(name: str, path: str) -> dict:
+    return {"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+
+
+# -- logs -------------------------------------------------------------------------------
+_TEXT_EVENT = re.compile(r"^ddptrain: (start|progress|done) (.*)$")
+
+
+def trainer_events(log: str, event: str) -> list[dict[str, str]]:
+    """The trainer's ``ddptrain: <event> k=v ...`` lines (progress.py's text format) as dicts;
+    ``step=40/100`` becomes step=40, total_steps=100."""
+    found = []
+    for line in log.splitlines():
+        match = _TEXT_EVENT.match(line.strip())
+        if not match or match.group(1) != event:
+            continue
+        fields: dict[str, str] = {}
+        for pair in match.group(2).split():
+            key, _, value = pair.partition("=")
+            if key in ("step", "epoch") and "/" in value:
+                value, total = value.split("/", 1)
+                fields["total_steps" if key == "step" else "epochs"] = total
+            fields[key] = value
+        found.append(fields)
+    return found
+
+
+# -- the scenario's view of one namespace -------------------------------------------------
+@dataclass
+class E2E:
+    """One test's namespace on the cluster under test: create DDPJobs, read them and their
+    children through the API, wait for outcomes."""
+
+    cluster: Any
+    namespace: str
+    image: str
+
+    def __post_init__(self):
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(self.cluster.api_client)
+        self.custom = client.CustomObjectsApi(self.cluster.api_client)
+
+    @property
+    def local(self) -> bool:
+        return self.cluster.testbed is not None
+
+    # DDPJobs
+    def create(self, manifest: dict) -> dict:
+        return self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, manifest)
+
+    def job(self, name: str) -> Optional[dict]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def status(self, name: str) -> dict:
+        return (self.job(name) or {}).get("status") or {}
+
+    def patch_spec(self, name: str, spec: dict) -> dict:
+        return self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec})
+
+    def delete_job(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def wait_for_status(self, name: str, predicate: Callable[[dict], Any], timeout: float,
+                        what: str) -> dict:
+        """The job's status once ``predicate(status)`` holds. A timeout names the last status."""
+        last: dict = {}
+
+        def check():
+            nonlocal last
+            last = self.status(name)
+            return last if predicate(last) else None
+
+        try:
+            return self.cluster.wait_for(check, timeout, f"DDPJob {self.namespace}/{name}: {what}")
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}\nlast status: {json.dumps(last, indent=1)}\n"
+                               f"pods: {self.pod_summary(name)}") from None
+
+    def wait_for_phase(self, name: str, phases: Iterable[str] | str, timeout: float = 120) -> dict:
+        wanted = (phases,) if isinstance(phases, str) else tuple(phases)
+        return self.wait_for_status(name, lambda s: s.get("phase") in wanted, timeout,
+                                    f"phase in {wanted}")
+
+    def wait_until_finished(self, name: str, timeout: float = 120) -> dict:
+        return self.wait_for_phase(name, FINISHED, timeout)
+
+    # children
+    def pods(self, name: str) -> list[dict]:
+        response = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{JOB_LABEL}={name}", _preload_content=False)
+        return json.loads(response.data)["items"]
+
+    def pod(self, pod_name: str) -> Optional[dict]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.core.read_namespaced_pod(pod_name, self.namespace,
+                                                     _preload_content=False)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return json.loads(response.data)
+
+    def service(self, name: str) -> Optional[dict]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.core.read_namespaced_service(name, self.namespace,
+                                                         _preload_content=False)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return json.loads(response.data)
+
+    def pod_summary(self, name: str) -> list[str]:
+        try:
+            return [f"{p['metadata']['name']} attempt={p['metadata']['labels'].get(ATTEMPT_LABEL)}"
+                    f" phase={p.get('status', {}).get('phase')}"
+                    f"{' deleting' if p['metadata'].get('deletionTimestamp') else ''}"
+                    for p in self.pods(name)]
+        except Exception as error:  # noqa: BLE001 - only for a failure message
+            return [f"(could not list pods: {error})"]
+
+    def unfinished_pods(self, name: str) -> list[dict]:
+        """Pods that still run or hold resources: not Succeeded/Failed."""
+        return [p for p in self.pods(name) if p.get("status", {}).get("phase") not in FINISHED]
+
+    def logs(self, pod_name: str) -> str:
+        return self.cluster.pod_logs(self.namespace, pod_name)
+
+    def wait_for_logs(self, pod_name: str, needle: str, timeout: float = 30) -> str:
+        """A finished pod's log as the test bed has it (the agent's file, or `kubectl logs`),
+        once it contains ``needle``."""
+        return self.cluster.wait_for(lambda: (lambda text: text if needle in text else None)(
+            self.logs(pod_name)), timeout, f"{needle!r} in the log of pod {pod_name}")
+
+    def events(self, name: str) -> list[dict]:
+        response = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}",
+            _preload_content=False)
+        return json.loads(response.data)["items"]
+
+
+def terminated_state(pod: dict) -> dict:
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    return statuses[0].get("state", {}).get("terminated") or {}
+
+
+# -- watching pods for the whole of a scenario -------------------------------------------
+@dataclass
+class SeenPod:
+    uid: str
+    name: str
+    node_rank: int
+    attempt: int
+    phases: list[str] = field(default_factory=list)
+
+
+class PodRecorder:
+    """Watches a job's pods from before it is created, and keeps every pod (by uid) ever seen:
+    "exactly N pods were created for attempt 0" needs a watch, not a listing at the end."""
+
+    def __init__(self, e2e: E2E, job_name: str):
+        self.e2e = e2e
+        self.job_name = job_name
+        self.pods: dict[str, SeenPod] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name=f"pods of {job_name}", daemon=True)
+
+    def __enter__(self) -> "PodRecorder":
+        self._thread.start()
+        if not self._synced.wait(30):
+            raise TimeoutError(f"the pod watch of {self.job_name} did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _record(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        with self._lock:
+            seen = self.pods.setdefault(meta["uid"], SeenPod(
+                meta["uid"], meta["name"], int(labels[RANK_LABEL]), int(labels[ATTEMPT_LABEL])))
+            phase = pod.get("status", {}).get("phase")
+            if phase and (not seen.phases or seen.phases[-1] != phase):
+                seen.phases.append(phase)
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        selector = f"{JOB_LABEL}={self.job_name}"
+        resource_version = None
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    response = self.e2e.core.list_namespaced_pod(
+                        self.e2e.namespace, label_selector=selector, _preload_content=False)
+                    listing = json.loads(response.data)
+                    for pod in listing["items"]:
+                        self._record(pod)
+                    resource_version = listing["metadata"]["resourceVersion"]
+                    self._synced.set()
+                stream = watch.Watch().stream(
+                    self.e2e.core.list_namespaced_pod, self.e2e.namespace,
+                    label_selector=selector, resource_version=resource_version,
+                    timeout_seconds=5, deserialize=False)
+                for event in stream:
+                    if event["type"] == "ERROR":
+                        resource_version = None  # 410 Gone: list again
+                        break
+                    obj = event["object"]
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._record(obj)
+                    if self._stop.is_set():
+                        break
+            except Exception as error:  # noqa: BLE001 - retry; remembered for the report
+                self._error = error
+                time.sleep(0.5)
+
+    def snapshot(self) -> list[SeenPod]:
+        with self._lock:
+            return [SeenPod(p.uid, p.name, p.node_rank, p.attempt, list(p.phases))
+                    for p in self.pods.values()]
+
+    def uids(self, attempt: Optional[int] = None) -> dict[int, list[str]]:
+        """node rank -> uids of the pods seen for that rank (in ``attempt``, if given)."""
+        by_rank: dict[int, list[str]] = {}
+        for pod in self.snapshot():
+            if attempt is None or pod.attempt == attempt:
+                by_rank.setdefault(pod.node_rank, []).append(pod.uid)
+        return by_rank
+
+    def attempts(self) -> set[int]:
+        return {p.attempt for p in self.snapshot()}
+
+    def describe(self) -> str:
+        return "; ".join(f"{p.name} attempt={p.attempt} uid={p.uid[:8]} {'>'.join(p.phases)}"
+                         for p in sorted(self.snapshot(), key=lambda p: (p.attempt, p.node_rank)))
+
+
+# -- killing one training process -------------------------------------------------------
+# Run with the job's name, namespace and node rank. Finds the training worker processes of that
+# node: the pod's environment (DDPJOB_NAME/NAMESPACE, NODE_RANK), plus the variables torchrun
+# gives only its workers (TORCHELASTIC_RUN_ID, GROUP_RANK), minus their own children (DataLoader
+# workers inherit the environment), and SIGKILLs local rank 0. Prints what it killed, exits 1
+# if there was none (yet).
+KILL_WORKER_SCRIPT = r"""
+import os, signal, sys
+job, namespace, node_rank = (a.encode() for a in sys.argv[1:4])
+
+def environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+workers = {}
+for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+        continue
+    env = environ(entry)
+    if not env or (env.get(b"DDPJOB_NAME"), env.get(b"DDPJOB_NAMESPACE"),
+                   env.get(b"NODE_RANK")) != (job, namespace, node_rank):
+        continue
+    if b"TORCHELASTIC_RUN_ID" in env and b"GROUP_RANK" in env:
+        workers[int(entry)] = env
+targets = [pid for pid, env in workers.items()
+           if parent(pid) not in workers and env.get(b"LOCAL_RANK") == b"0"]
+if not targets:
+    print("no training worker found", file=sys.stderr)
+    sys.exit(1)
+for pid in targets:
+    os.kill(pid, signal.SIGKILL)
+    print(f"killed pid {pid} (RANK={workers[pid].get(b'RANK', b'?').decode()})")
+"""
+
+
+def kill_training_worker(e2e: E2E, job_name: str, node_rank: int) -> str:
+    """SIGKILL the training process (local rank 0) of ``node_rank``; returns what was killed.
+    Raises if none runs (callers retry through wait_for)."""
+    argv = [job_name, e2e.namespace, str(node_rank)]
+    if e2e.local:
+        import subprocess
+        import sys
+
+        result = subprocess.run([sys.executable, "-c", KILL_WORKER_SCRIPT, *argv],
+                                capture_output=True, text=True, timeout=30)
+    else:
+        pod = contract.node_pod_name(job_name, node_rank)
+        result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod, "-c", "trainer", "--",
+                                     "python", "-c", KILL_WORKER_SCRIPT, *argv, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"killing the worker of node {node_rank}: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+# -- a directory every pod of a job shares ------------------------------------------------
+_CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.pt$")
+
+
+def checkpoint_steps(e2e: E2E, host_dir: str, pod_name: str, mount_path: str) -> list[int]:
+    """The steps of the complete checkpoints in the shared directory (see the module doc for
+    the kind branch: ``kubectl exec`` into a pod that mounts it at ``mount_path``)."""
+    if e2e.local:
+        names = [p.name for p in Path(host_dir).iterdir()]
+    else:
+        result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c", "trainer",
+                                     "--", "ls", "-1", mount_path, check=False)
+        if result.returncode != 0:
+            return []
+        names = result.stdout.split()
+    return sorted(int(m.group(1)) for m in map(_CHECKPOINT_NAME.match, names) if m)
+
+
+def prepare_shared_dir(e2e: E2E, path: str) -> None:
+    """Make a hostPath directory writable for the trainer image's non-root user (kind only;
+    see the module doc)."""
+    if e2e.local:
+        return
+    name = "prepare-shared-dir"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsUser": 0},
+            "containers": [{"name": "main", "image": e2e.image, "imagePullPolicy": "IfNotPresent",
+                            "command": ["python", "-c",
+                                        "import os; os.chmod('/shared', 0o1777)"],
+                            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
+            "volumes": [hostpath_volume("shared", path)],
+        },
+    }
+    e2e.cluster.kubectl.apply_yaml(pod, "-n", e2e.namespace)
+    e2e.cluster.wait_for(
+        lambda: (e2e.pod(name) or {}).get("status", {}).get("phase") == "Succeeded",
+        120, f"pod {name} to open up {path}")
+    e2e.cluster.kubectl("delete", "pod", name, "-n", e2e.namespace, "--wait=false")
+
+
+# -- fixtures (import them into a test module: ``from .e2e_support import e2e``) ---------
+@pytest.fixture
+def e2e(cluster, namespace, operator, trainer_image) -> E2E:
+    """The scenario's namespace, with the operator running (restarted if a previous scenario
+    left it killed)."""
+    if not operator.running:
+        operator.start()
+    return E2E(cluster, namespace, trainer_image)
