@@ -29,9 +29,9 @@ for _path in (REPO / "tests", REPO / "benchmarks", REPO):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import yaml  # noqa: E402
-
-from bench_stats import JobObs, PodObs, job_obs, parse_audit, pod_obs  # noqa: E402
+from bench_stats import (  # noqa: E402
+    JobObs, PodObs, gang_times, job_obs, parse_audit, parse_metrics, pod_obs,
+)
 from cluster.kube import Kubectl  # noqa: E402
 from cluster.node_agent import NodeSpec  # noqa: E402
 from cluster.operator_runner import (  # noqa: E402
@@ -47,6 +47,12 @@ API = "ddpjob.dev/v1alpha1"
 JOBS_PATH = "/apis/ddpjob.dev/v1alpha1/namespaces/{ns}/ddpjobs"
 JOB_LABEL = "ddpjob.dev/job-name"
 SLEEP_1 = ["python3", "-c", "import time; time.sleep(1)"]
+APISERVER_METRICS = (
+    "apiserver_request_duration_seconds_sum", "apiserver_request_duration_seconds_count",
+    "apiserver_flowcontrol_request_wait_duration_seconds_sum",
+    "apiserver_flowcontrol_request_wait_duration_seconds_count",
+    "apiserver_flowcontrol_rejected_requests_total",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,9 +206,10 @@ class Bed:
         return pids
 
     def cpu_snapshot(self) -> dict[str, float]:
-        """CPU seconds used so far by each component (the node agent without its pods)."""
+        """CPU seconds used so far by each component (the node agent without its pods) and by
+        this benchmark process (its watch)."""
         snapshot = {}
-        for name, pid in self.component_pids().items():
+        for name, pid in {**self.component_pids(), "benchmark": os.getpid()}.items():
             try:
                 snapshot[name] = proc_cpu_seconds(pid)
             except OSError:
@@ -212,6 +219,13 @@ class Bed:
     @staticmethod
     def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
         return {k: round(after[k] - before[k], 2) for k in after if k in before and after[k] >= before[k]}
+
+    # -- the API server's metrics ---------------------------------------------------------
+    def metrics(self, names: Sequence[str] = APISERVER_METRICS) -> dict:
+        status, body = self.testbed.control_plane.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"GET /metrics -> {status}")
+        return parse_metrics(body.decode(errors="replace"), names)
 
     # -- the audit log ------------------------------------------------------------------------
     def audit_offset(self) -> int:
@@ -379,3 +393,16 @@ def delete_jobs(bed: Bed, rec: Recorder, timeout: float = 180) -> None:
     the next run starts on a quiet cluster."""
     bed.kubectl("delete", "ddpjobs", "--all", "-n", rec.namespace, "--wait=false")
     rec.wait(lambda r: r.no_pods() and not r.job_state, timeout, "the jobs and their pods to be gone")
+
+
+def warm_up(bed: Bed, nnodes: int = 1) -> dict[str, float]:
+    """One job before the measured ones: the operator's first pass after its start pays for
+    one-time work (importing the spec schema, kopf's first events of each watch). Returns that
+    cold job's times (seconds from its creation), reported apart."""
+    with bed.namespace("bench-warmup") as ns, Recorder(bed, ns) as rec:
+        bed.apply([ddpjob("warmup", ns, nnodes)])
+        rec.wait(lambda r: r.finished(["warmup"]), 300, "the warm-up job")
+        t = gang_times(rec.pods, rec.jobs, "warmup", nnodes)
+        delete_jobs(bed, rec)
+    return {key: round(t[key] - t["job_added"], 4) for key in ("all_created", "all_running", "job_finished")
+            if t[key] is not None}

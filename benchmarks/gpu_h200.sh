@@ -16,6 +16,7 @@ PY="${PYTHON:-python3}"
 STEPS="${STEPS:-300}"
 BATCH="${BATCH:-256}"
 WORKERS="${WORKERS:-14}"   # FakeData makes every image on the CPU (~1 ms at 224x224)
+CKPT="$(mktemp -d -t ddptrain-ckpt-XXXX)"   # not under $OUT: a ResNet-50 checkpoint is ~200 MB
 status=0
 
 {
@@ -34,7 +35,7 @@ timeout 240 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m dd
   --device gpu --backend nccl --precision bf16 --model resnet50 --dataset fake \
   --image-size 224 --fake-size 1000000 --batch-size "$BATCH" --max-steps "$STEPS" \
   --log-every 25 --log-format json --num-workers "$WORKERS" \
-  --checkpoint-dir "$OUT/ckpt" --checkpoint-every 0 --no-resume 2>&1 | tee -a "$OUT/resnet50.log"
+  --checkpoint-dir "$CKPT" --checkpoint-every 0 --no-resume 2>&1 | tee -a "$OUT/resnet50.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 "$PY" - "$OUT/resnet50.log" "$STEPS" "$BATCH" <<'EOF' | tee "$OUT/summary.json"

@@ -10,7 +10,7 @@ import os
 import re
 import secrets
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -41,7 +41,6 @@ class Cluster:
     context: str | None
     run_dir: Path
     testbed: LocalTestbed | None = None
-    _operators: list = field(default_factory=list)
 
     def check_running(self) -> None:
         """Raise at once if a local component died (instead of waiting for a timeout)."""
@@ -124,13 +123,13 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Cluste
         raise pytest.UsageError(f"DDPJOB_E2E_TARGET={TARGET!r}: expected local or kind")
     _install_sigterm_handler()
     testbed = LocalTestbed()
-    request.config.stash[_RUN_DIR] = None
     try:
         testbed.start(default_node_specs())
     except BaseException:
         testbed.stop()
         raise
-    request.config.stash[_RUN_DIR] = testbed.run_dir
+    finally:
+        request.config.stash[_RUN_DIR] = testbed.run_dir  # reported with any failure
     kubeconfig = testbed.control_plane.kubeconfig
     try:
         yield Cluster("local", Kubectl(kubeconfig), testbed.new_client(), kubeconfig, None,
@@ -216,7 +215,6 @@ def start_operator(cluster: Cluster) -> Callable[..., OperatorProcess]:
             command or operator_command(), kubeconfig, cluster.run_dir / "logs" / f"{name}.log",
             extra_pythonpath=str(TESTS_DIR), env=env,
             register=testbed.extra_processes.append)
-        cluster._operators.append(process)
         return process.start()
 
     return start

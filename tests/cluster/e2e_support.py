@@ -19,6 +19,7 @@ Reads go through the API (``cluster.api_client``) as plain dicts; the scenarios 
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import textwrap
@@ -226,6 +227,15 @@ class E2E:
         return json.loads(response.data)["items"]
 
 
+def parse_time(text: str) -> dt.datetime:
+    """A Kubernetes timestamp (RFC 3339, ``Z``)."""
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def seconds_between(earlier: str, later: str) -> float:
+    return (parse_time(later) - parse_time(earlier)).total_seconds()
+
+
 def terminated_state(pod: dict) -> dict:
     statuses = pod.get("status", {}).get("containerStatuses") or [{}]
     return statuses[0].get("state", {}).get("terminated") or {}
@@ -320,6 +330,10 @@ class PodRecorder:
             if attempt is None or pod.attempt == attempt:
                 by_rank.setdefault(pod.node_rank, []).append(pod.uid)
         return by_rank
+
+    def pods_per_rank(self, attempt: int) -> dict[int, int]:
+        """node rank -> how many pods were ever created for it in ``attempt``."""
+        return {rank: len(uids) for rank, uids in self.uids(attempt).items()}
 
     def attempts(self) -> set[int]:
         return {p.attempt for p in self.snapshot()}
@@ -437,11 +451,51 @@ def prepare_shared_dir(e2e: E2E, path: str) -> None:
     e2e.cluster.kubectl("delete", "pod", name, "-n", e2e.namespace, "--wait=false")
 
 
+def gate_command(mount_path: str, timeout_seconds: int = 120) -> list[str]:
+    """A pod command that waits until the test opens the gate (a file ``go`` in a shared
+    directory), then exits 0; exit 1 if it never opens. Lets a scenario decide when pods finish
+    instead of guessing with sleeps."""
+    return python_command(f"""
+        import os, sys, time
+        deadline = time.monotonic() + {timeout_seconds}
+        print("waiting for the gate", flush=True)
+        while not os.path.exists("{mount_path}/go"):
+            if time.monotonic() > deadline:
+                sys.exit("the gate never opened")
+            time.sleep(0.2)
+        print("gate open", flush=True)
+    """)
+
+
+def open_gate(e2e: E2E, host_dir: str, pod_name: str, mount_path: str) -> None:
+    """Create ``go`` in the shared directory: directly locally, through a pod that mounts it on
+    kind (module doc)."""
+    if e2e.local:
+        (Path(host_dir) / "go").touch()
+        return
+    e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c", "trainer", "--", "python",
+                        "-c", f"open('{mount_path}/go', 'w').close()")
+
+
+def enforce_restricted(e2e: E2E) -> None:
+    """Label the namespace to enforce the "restricted" Pod Security profile, and wait until
+    admission sees the label (it reads namespaces from an informer cache)."""
+    e2e.cluster.kubectl("label", "namespace", e2e.namespace,
+                        "pod-security.kubernetes.io/enforce=restricted", "--overwrite")
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "psa-probe"},
+             "spec": {"containers": [{"name": "c", "image": e2e.image,
+                                      "securityContext": {"privileged": True}}]}}
+
+    def refused() -> bool:
+        result = e2e.cluster.kubectl("apply", "--dry-run=server", "-n", e2e.namespace, "-f", "-",
+                                     input=json.dumps(probe), check=False)
+        return result.returncode != 0 and "violates PodSecurity" in result.stderr
+
+    e2e.cluster.wait_for(refused, 30, f"Pod Security 'restricted' enforced in {e2e.namespace}")
+
+
 # -- fixtures (import them into a test module: ``from .e2e_support import e2e``) ---------
 @pytest.fixture
-def e2e(cluster, namespace, operator, trainer_image) -> E2E:
-    """The scenario's namespace, with the operator running (restarted if a previous scenario
-    left it killed)."""
-    if not operator.running:
-        operator.start()
+def e2e(cluster, namespace, operator, trainer_image) -> E2E:  # noqa: ARG001 - operator: running
+    """The scenario's namespace, with the operator running."""
     return E2E(cluster, namespace, trainer_image)

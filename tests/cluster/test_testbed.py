@@ -106,6 +106,23 @@ def test_failing_pods_report_exit_code_and_reason(kubectl, namespace, wait_for):
     assert "no-such-binary" in state["message"]
 
 
+def test_large_output_never_blocks_the_pod(kubectl, namespace, wait_for, pod_logs):
+    """Output goes to a file, not a pipe someone must drain: 16 MiB on stdout and stderr."""
+    kubectl.apply_yaml(python_pod("chatty", """
+        import sys
+        line = "x" * 1023 + "\\n"
+        for _ in range(8192):
+            sys.stdout.write(line)
+            sys.stderr.write(line)
+        print("end of output")
+    """), "-n", namespace)
+    done = wait_for_phase(kubectl, wait_for, namespace, "chatty", ["Succeeded", "Failed"], 120)
+    assert done["status"]["phase"] == "Succeeded"
+    log = pod_logs(namespace, "chatty")
+    assert log.rstrip().endswith("end of output")
+    assert len(log) >= 16 * 2**20
+
+
 def test_delete_sends_sigterm_then_sigkill_after_grace(kubectl, namespace, wait_for, pod_logs):
     kubectl.apply_yaml([
         python_pod("polite", """

@@ -26,14 +26,17 @@ def test_save_then_load_latest_roundtrip(tmp_path):
         assert path == str(tmp_path / f"step-{step:08d}.pt")
     # keep=2: the oldest went; no temp files are left behind
     assert sorted(os.listdir(tmp_path)) == ["step-00000010.pt", "step-00000015.pt"]
-    path, state = checkpoint.load_latest(SINGLE, str(tmp_path))
-    assert path.endswith("step-00000015.pt") and state["step"] == 15
+    problem, path = checkpoint.prepare_folder(SINGLE, str(tmp_path))
+    assert problem is None and path.endswith("step-00000015.pt")
+    state = checkpoint.load(SINGLE, path)
+    assert state["step"] == 15
     assert state["world_size"] == 1 and len(state["rng"]) == 1
     torch.testing.assert_close(state["model"]["weight"], model.weight.detach())
 
 
 def test_no_checkpoint_means_none(tmp_path):
-    assert checkpoint.load_latest(SINGLE, str(tmp_path / "absent")) is None
+    assert checkpoint.prepare_folder(SINGLE, str(tmp_path / "absent")) == (None, None)
+    assert (tmp_path / "absent").is_dir()
 
 
 def test_half_written_temp_files_are_never_picked(tmp_path):
@@ -92,8 +95,40 @@ def test_missing_weights_file_is_bad_config(tmp_path):
 
 
 def test_unusable_checkpoint_folder_is_found_at_start(tmp_path):
-    assert checkpoint.check_writable(SINGLE, str(tmp_path / "new")) is None
-    assert (tmp_path / "new").is_dir()
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert "cannot be created" in checkpoint.check_writable(SINGLE, str(blocker / "sub"))
+    problem, newest = checkpoint.prepare_folder(SINGLE, str(blocker / "sub"))
+    assert "cannot be created" in problem and newest is None
+
+
+def test_unreadable_checkpoint_is_a_checkpoint_error(tmp_path):
+    path = tmp_path / "step-00000002.pt"
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match="rank 0: reading"):
+        checkpoint.load(SINGLE, str(path))
+
+
+TINY_RUN = ["--model", "tiny-cnn", "--image-size", "8", "--fake-size", "16", "--batch-size", "4",
+            "--num-workers", "0", "--log-every", "2"]
+
+
+def _run(tmp_path, *argv):
+    from ddptrainer import main
+
+    return main.run([*TINY_RUN, "--checkpoint-dir", str(tmp_path / "ckpt"), *argv],
+                    environ={"DDPJOB_TERMINATION_LOG": str(tmp_path / "term")})
+
+
+def test_single_process_run_resumes_and_refuses_what_it_cannot(tmp_path, capsys):
+    assert _run(tmp_path, "--max-steps", "2") == 0
+    assert _run(tmp_path, "--max-steps", "3") == 0  # resumes at 2, one more step
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "ddptrain: done step=3/3" in out
+    assert "completed: step=3/3" in (tmp_path / "term").read_text()
+    # starting over next to the old files would resume the wrong run later: refused
+    assert _run(tmp_path, "--no-resume") == 2
+    assert "ddptrain: error: --no-resume: " in capsys.readouterr().err
+    # a checkpoint of another model cannot be resumed: refused, with the difference named
+    assert _run(tmp_path, "--model", "resnet18") == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint-dir:" in err and "model 'tiny-cnn' (now 'resnet18')" in err

@@ -137,33 +137,32 @@ def save(ctx: DistContext, folder: str, keep: int, state: dict) -> str:
     return path
 
 
-def check_writable(ctx: DistContext, folder: str) -> Optional[str]:
-    """Collective: rank 0 creates ``folder`` and checks it can write there; the problem, if any,
-    for every rank. Checked at start so a read-only volume fails in seconds, not at the first
-    save."""
-    problem = None
+def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Optional[str]]:
+    """Collective: rank 0 creates ``folder``, checks it can write there and picks the newest
+    checkpoint; every rank gets (problem or None, newest path or None).
+
+    Checked at start, so a read-only volume fails in seconds rather than at the first save;
+    picked by rank 0 alone, so every rank loads the same file even when a shared volume shows
+    another node a late directory listing.
+    """
+    problem, newest = None, None
     if ctx.is_main:
         try:
             os.makedirs(folder, exist_ok=True)
             if not os.access(folder, os.W_OK | os.X_OK):
                 problem = f"{folder} is not writable by uid {os.getuid()}"
+            newest = latest_checkpoint(folder)
         except OSError as e:
             problem = f"{folder} cannot be created: {e.strerror or e}"
     if ctx.distributed:
-        box = [problem]
+        box = [(problem, newest)]
         dist.broadcast_object_list(box, src=0, group=ctx.control_group)
-        problem = box[0]
-    return problem
+        problem, newest = box[0]
+    return problem, newest
 
 
-def load_latest(ctx: DistContext, folder: str) -> Optional[tuple[str, dict]]:
-    """Collective: rank 0 picks the newest file; every rank loads it (or none does)."""
-    box = [latest_checkpoint(folder) if ctx.is_main else None]
-    if ctx.distributed:
-        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
-    path = box[0]
-    if path is None:
-        return None
+def load(ctx: DistContext, path: str) -> dict:
+    """Collective: every rank reads ``path``; if any rank cannot, every rank raises."""
     state, error = None, None
     try:
         state = read(path)
@@ -173,4 +172,4 @@ def load_latest(ctx: DistContext, folder: str) -> Optional[tuple[str, dict]]:
     if errors:
         raise CheckpointError("; ".join(errors))
     assert state is not None
-    return path, state
+    return state

@@ -17,7 +17,8 @@ from . import summary
 from .config import TrainConfig, parse_config
 from .data import build_dataset
 from .distributed import setup, teardown
-from .errors import ConfigError, DataMissingError, Preempted, TrainerError, is_collective_failure
+from .errors import (ConfigError, DataMissingError, PeerLostError, Preempted, TrainerError,
+                     is_collective_failure)
 from .preemption import StopRequest
 from .progress import Progress
 from .train import Trainer
@@ -61,8 +62,8 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         code, text = 130, "interrupted (SIGINT twice)"
     except Exception as e:  # noqa: BLE001 - the last line of defence picks the exit code
         if ctx is not None and ctx.distributed and is_collective_failure(e):
-            code = int(ExitCode.PEER_LOST)
-            text = f"peer lost: rank {rank}: {_first_line(e)}"
+            lost = PeerLostError(f"rank {rank}: {_first_line(e)}")
+            code, text = lost.exit_code, f"{lost.kind}: {lost.message}"
             # A process group whose peer is gone can block in destroy (NCCL); exiting frees it.
             skip_teardown = True
             print(f"ddptrain: error: {text}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ and averaged across ranks (one all-reduce, one ``.item()``) every ``--log-every`
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -70,7 +71,17 @@ class Trainer:
         self.last_checkpoint: Optional[str] = None
         self.last_loss: Optional[float] = None
         self.resumed_from: Optional[str] = None
-        self._maybe_resume()
+        problem, newest = checkpoint.prepare_folder(ctx, config.checkpoint_dir)
+        if problem:
+            raise ConfigError(f"--checkpoint-dir: {problem}")
+        if newest and not config.resume:
+            # Starting over next to an older run's higher steps would make a later resume
+            # pick the old run's files (the newest checkpoint is the highest step).
+            raise ConfigError(f"--no-resume: {config.checkpoint_dir} already holds checkpoints "
+                              f"(newest {os.path.basename(newest)}); start from scratch in an "
+                              "empty --checkpoint-dir, or delete them")
+        if newest:
+            self._resume(newest)
         # Wrap after loading: DDP broadcasts rank 0's parameters at construction anyway.
         self.ddp: nn.Module = (DDP(model, device_ids=[ctx.device.index]
                                    if ctx.device.type == "cuda" else None)
@@ -85,16 +96,8 @@ class Trainer:
                                weight_decay=c.weight_decay)
 
     # ------------------------------------------------------------------ checkpoints
-    def _maybe_resume(self) -> None:
-        problem = checkpoint.check_writable(self.ctx, self.config.checkpoint_dir)
-        if problem:
-            raise ConfigError(f"--checkpoint-dir: {problem}")
-        if not self.config.resume:
-            return
-        found = checkpoint.load_latest(self.ctx, self.config.checkpoint_dir)
-        if found is None:
-            return
-        path, state = found
+    def _resume(self, path: str) -> None:
+        state = checkpoint.load(self.ctx, path)
         want = _compatibility(self.config, self.data)
         have = state.get("compat", {})
         if have != want:

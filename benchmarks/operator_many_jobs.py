@@ -1,0 +1,125 @@
+"""Many jobs: 1, 10, 50 and 100 concurrent 4-node DDPJobs; throughput (jobs finished per
+minute), status latency, and the operator's CPU time and peak memory.
+
+    python benchmarks/operator_many_jobs.py             # 1 10 50 100 jobs of 4 nodes
+    python benchmarks/operator_many_jobs.py --smoke     # 1 and 3 jobs of 2 nodes
+
+For each count the operator is restarted (so its peak memory, VmHWM, is this scenario's),
+every job is applied with one `kubectl apply`, and the scenario ends when the last one has
+finished. Throughput = jobs / (last job finished - first job created). Status latency: for
+every pod phase change (Running, Succeeded) seen by this process's watch, the time until the
+DDPJob's status (also watched here) lists that pod in that phase. CPU seconds come from
+/proc/<pid>/stat of each process (utime + stime), for the operator and, to show where the
+machine's two cores went, the other test-bed components.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import bench_cluster as bc
+from bench_stats import gang_times, status_latencies, summarize, table
+
+NAME = "operator_many_jobs"
+SMOKE_FIGURES = ["3.jobs_per_minute", "3.status_latency_s.median", "3.operator_cpu_s", "3.operator_peak_mib"]
+TARGET_STATUS_LATENCY_S = 1.0
+
+
+def parser():
+    p = bc.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--counts", type=int, nargs="+", default=[1, 10, 50, 100])
+    p.add_argument("--nnodes", type=int, default=4)
+    return p
+
+
+def scenario(bed: bc.Bed, count: int, nnodes: int) -> dict[str, Any]:
+    restarted = bed.restart_operator()
+    bc.warm_up(bed)
+    pid = bed.operator_pid
+    with bed.namespace(f"bench-many-{count}") as ns, bc.Recorder(bed, ns) as rec:
+        names = [f"job-{i:03d}" for i in range(count)]
+        cpu_before = bed.cpu_snapshot()
+        started = time.time()
+        apply_s = bed.apply([bc.ddpjob(name, ns, nnodes, bc.SLEEP_1) for name in names])
+        rec.wait(lambda r: r.finished(names), 1800, f"{count} jobs to finish")
+        cpu = bed.cpu_delta(cpu_before, bed.cpu_snapshot())
+        memory = bc.proc_memory_mib(pid)
+        failed = [n for n in names if rec.phase(n) != "Succeeded"]
+        times = {n: gang_times(rec.pods, rec.jobs, n, nnodes) for n in names}
+        latency = status_latencies(rec.pods, rec.jobs)
+        bc.delete_jobs(bed, rec, timeout=900)
+    first_added = min(t["job_added"] for t in times.values())
+    last_finished = max(t["job_finished"] for t in times.values())
+    makespan = last_finished - first_added
+    per_job = [t["job_finished"] - t["job_added"] for t in times.values()]
+    to_running = [t["all_running"] - t["job_added"] for t in times.values() if t["all_running"]]
+    return {
+        "jobs": count, "nnodes": nnodes, "failed": failed, "operator_restarted": restarted,
+        "kubectl_apply_s": apply_s, "apply_started_to_first_job_s": first_added - started,
+        "makespan_s": makespan, "jobs_per_minute": 60 * count / makespan,
+        "job_to_finished_s": summarize(per_job), "job_to_all_running_s": summarize(to_running),
+        "status_latency_s": summarize(latency["latencies"]), "status_changes_missed": latency["missed"],
+        "operator_cpu_s": cpu.get("operator"), "operator_cpu_ms_per_job": 1000 * cpu.get("operator", 0) / count,
+        "operator_peak_mib": memory["peak_mib"], "operator_rss_end_mib": memory["rss_mib"],
+        "cpu_s": cpu,
+    }
+
+
+def run(bed: bc.Bed, args) -> dict[str, Any]:
+    counts, nnodes = ([1, 3], 2) if args.smoke else (args.counts, args.nnodes)
+    scenarios = {}
+    for count in counts:
+        result = scenario(bed, count, nnodes)
+        scenarios[count] = result
+        print(f"{count} jobs: {result['jobs_per_minute']:.1f} jobs/min, status latency median "
+              f"{result['status_latency_s'].get('median', float('nan')):.3f}s, operator CPU "
+              f"{result['operator_cpu_s']}s, peak {result['operator_peak_mib']:.0f} MiB",
+              file=sys.stderr, flush=True)
+    figures = {}
+    for count, r in scenarios.items():
+        figures[f"{count}.jobs_per_minute"] = r["jobs_per_minute"]
+        if r["status_latency_s"]["n"]:
+            figures[f"{count}.status_latency_s.median"] = r["status_latency_s"]["median"]
+            figures[f"{count}.status_latency_s.p95"] = r["status_latency_s"]["p95"]
+        figures[f"{count}.operator_cpu_s"] = r["operator_cpu_s"]
+        figures[f"{count}.operator_peak_mib"] = r["operator_peak_mib"]
+    all_medians = [r["status_latency_s"]["median"] for r in scenarios.values() if r["status_latency_s"]["n"]]
+    return {"params": {"counts": counts, "nnodes": nnodes, "command": bc.SLEEP_1,
+                       "target_status_latency_s": TARGET_STATUS_LATENCY_S},
+            "figures": figures,
+            "target_met": {f"status latency median < {TARGET_STATUS_LATENCY_S:.0f} s (every count)":
+                           bool(all_medians) and max(all_medians) < TARGET_STATUS_LATENCY_S},
+            "scenarios": scenarios}
+
+
+def report(results: dict[str, Any]) -> str:
+    p = results["params"]
+    rows = []
+    for count in sorted(results["scenarios"], key=int):
+        r = results["scenarios"][count]
+        lat = r["status_latency_s"]
+        rows.append((count, count * r["nnodes"], r["makespan_s"], r["jobs_per_minute"],
+                     r["job_to_finished_s"]["median"], lat.get("median"), lat.get("p95"),
+                     r["operator_cpu_s"], r["operator_cpu_ms_per_job"], r["operator_peak_mib"],
+                     r["cpu_s"].get("kube-apiserver"), r["cpu_s"].get("node-agent")))
+    text = (f"Many jobs: concurrent {p['nnodes']}-node jobs, applied at once\n\n"
+            + table(["jobs", "pods", "makespan s", "jobs/min", "job created->finished median s",
+                     "status latency median s", "p95 s", "operator CPU s", "operator CPU ms/job",
+                     "operator peak MiB", "apiserver CPU s", "node agent CPU s"], rows))
+    for what, met in results["target_met"].items():
+        text += f"\n\ntarget {what}: {'met' if met else 'MISSED'}"
+    return text
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
+    machine = bc.machine_info()
+    with bc.Bed.local(args) as bed:
+        results = run(bed, args)
+    print(report(results))
+    print(f"results: {bc.write_results(NAME, args, machine, results)}")
+
+
+if __name__ == "__main__":
+    main()
