@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
-import json
 import os
-import platform
 import secrets
 import signal
 import subprocess
@@ -29,6 +26,7 @@ for _path in (REPO / "tests", REPO / "benchmarks", REPO):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from bench_results import RESULTS_DIR, machine_info, write_results  # noqa: E402,F401
 from bench_stats import (  # noqa: E402
     JobObs, PodObs, gang_times, job_obs, parse_audit, parse_metrics, pod_obs,
 )
@@ -42,7 +40,6 @@ from cluster.rest import Informer, RestClient  # noqa: E402
 from cluster.testbed import LocalTestbed  # noqa: E402
 
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SERVICE_ACCOUNT}"
-RESULTS_DIR = REPO / "benchmarks" / "results"
 API = "ddpjob.dev/v1alpha1"
 JOBS_PATH = "/apis/ddpjob.dev/v1alpha1/namespaces/{ns}/ddpjobs"
 JOB_LABEL = "ddpjob.dev/job-name"
@@ -70,38 +67,6 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def machine_info() -> dict[str, Any]:
-    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": model,
-        "memory_gib": round(int(meminfo["MemTotal"].split()[0]) / 2**20, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "loadavg_start": os.getloadavg(),
-        "git": commit + ("-dirty" if dirty else ""),
-    }
-
-
-def write_results(name: str, args: argparse.Namespace, machine: dict, results: dict) -> Path:
-    machine = {**machine, "loadavg_end": os.getloadavg()}
-    suffix = "-smoke" if args.smoke else ""
-    path = Path(args.results_dir) / f"{name}{suffix}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    command = "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]) \
-        if sys.argv and sys.argv[0].endswith(".py") else f"{name} (in-process)"
-    payload = {"benchmark": name, "command": command, "machine": machine, **results}
-    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    return path
-
-
 def env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -122,6 +87,12 @@ def proc_cpu_seconds(pid: int) -> float:
     """utime + stime of the process (its threads included), from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14 and 15 of stat(5)
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores have spent busy since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICKS
 
 
 def proc_memory_mib(pid: int) -> dict[str, float]:
@@ -190,6 +161,24 @@ class Bed:
     def operator_pid(self) -> int:
         return self.operator.process.pid
 
+    @contextlib.contextmanager
+    def profiled(self, output: Optional[Path]) -> Iterator[None]:
+        """py-spy samples the operator while the block runs (``output``: its collapsed stacks;
+        None: no profiling). py-spy is a PyPI tool, not a dependency: `pip install py-spy`."""
+        if output is None:
+            yield
+            return
+        output.parent.mkdir(parents=True, exist_ok=True)
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(self.operator_pid), "--rate", "100",
+                                "--format", "raw", "--output", str(output), "--nonblocking"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # attached before the measured work starts
+        try:
+            yield
+        finally:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=30)
+
     def restart_operator(self) -> bool:
         """A fresh operator process (so its peak memory is this scenario's); only a bed that
         started its own operator does this. Returns whether it restarted."""
@@ -206,9 +195,10 @@ class Bed:
         return pids
 
     def cpu_snapshot(self) -> dict[str, float]:
-        """CPU seconds used so far by each component (the node agent without its pods) and by
-        this benchmark process (its watch)."""
-        snapshot = {}
+        """CPU seconds used so far by each component (the node agent without its pods), by
+        this benchmark process (its watch) and, as ``machine``, by every process on all cores
+        (so the pods and whatever else ran are the difference)."""
+        snapshot = {"machine": machine_busy_seconds()}
         for name, pid in {**self.component_pids(), "benchmark": os.getpid()}.items():
             try:
                 snapshot[name] = proc_cpu_seconds(pid)

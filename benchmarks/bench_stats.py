@@ -355,3 +355,30 @@ def metrics_delta(before: Mapping, after: Mapping, name: str, **labels: str) -> 
                    if n == name and all((k, v) in pairs for k, v in labels.items()))
 
     return total(after) - total(before)
+
+
+# ---------------------------------------------------------------------------------------------
+# py-spy profiles
+# ---------------------------------------------------------------------------------------------
+PROFILE_BUCKETS = (("ddpjob", "/ddpjob/"), ("kopf", "/kopf/"), ("aiohttp", "/aiohttp/"),
+                   ("kubernetes client", "/kubernetes/"), ("urllib3", "/urllib3/"), ("ssl", "ssl.py"),
+                   ("json", "/json/"), ("asyncio", "/asyncio/"), ("logging", "/logging/"))
+
+
+def profile_buckets(collapsed: Iterable[str]) -> dict[str, float]:
+    """Share of a py-spy ``--format raw`` profile's samples per package: each sample goes to
+    the package of its deepest frame that belongs to one (``other`` if none)."""
+    counts: Counter = Counter()
+    for line in collapsed:
+        stack, _, number = line.rstrip().rpartition(" ")
+        if not stack or not number.isdigit():
+            continue
+        bucket = "other"
+        for frame in reversed(stack.split(";")):
+            match = next((name for name, marker in PROFILE_BUCKETS if marker in frame), None)
+            if match:
+                bucket = match
+                break
+        counts[bucket] += int(number)
+    total = sum(counts.values())
+    return {name: count / total for name, count in counts.most_common()} if total else {}

@@ -13,12 +13,13 @@ to the last) are 1 for sequential round trips and grow with real overlap.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 import bench_cluster as bc
 from bench_stats import (
     gang_times, growth_exponents, max_concurrency, mean_concurrency, metrics_delta, percentile,
-    status_latencies, summarize, table,
+    profile_buckets, status_latencies, table,
 )
 
 NAME = "operator_gang_size"
@@ -30,11 +31,13 @@ def parser():
     p = bc.base_parser(__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--py-spy", type=Path, metavar="DIR",
+                   help="profile the operator with py-spy during each run (collapsed stacks in DIR)")
     return p
 
 
 def one_run(bed: bc.Bed, rec: bc.Recorder, ns: str, name: str, size: int, *,
-            pending: bool = False) -> dict[str, Any]:
+            pending: bool = False, profile: Optional[Path] = None) -> dict[str, Any]:
     """One job of ``size`` nodes, to Succeeded. ``pending``: its pods select no node, so they
     are created and stay Pending: creation alone, without the test bed starting 256 processes
     on the same two cores meanwhile; the job is deleted once every pod exists."""
@@ -42,11 +45,12 @@ def one_run(bed: bc.Bed, rec: bc.Recorder, ns: str, name: str, size: int, *,
     offset = bed.audit_offset()
     cpu_before, metrics_before = bed.cpu_snapshot(), bed.metrics()
     spec = {"template": {"spec": {"nodeSelector": {"bench.ddpjob.dev/no-such-node": "true"}}}} if pending else {}
-    apply_s = bed.apply([bc.ddpjob(name, ns, size, bc.SLEEP_1, **spec)])
-    if pending:
-        rec.wait(lambda r: len(r.pods_of(name)) >= size, 300, f"{size} pods of {name}")
-    else:
-        rec.wait(lambda r: r.finished([name]), 900, f"{name} to finish")
+    with bed.profiled(profile):
+        apply_s = bed.apply([bc.ddpjob(name, ns, size, bc.SLEEP_1, **spec)])
+        if pending:
+            rec.wait(lambda r: len(r.pods_of(name)) >= size, 300, f"{size} pods of {name}")
+        else:
+            rec.wait(lambda r: r.finished([name]), 900, f"{name} to finish")
     cpu, metrics_after = bed.cpu_delta(cpu_before, bed.cpu_snapshot()), bed.metrics()
     if not pending and rec.phase(name) != "Succeeded":
         raise RuntimeError(f"{name} ended {rec.phase(name)}")
@@ -59,6 +63,8 @@ def one_run(bed: bc.Bed, rec: bc.Recorder, ns: str, name: str, size: int, *,
         "cpu_s": cpu,
         **apiserver_figures(metrics_before, metrics_after),
     }
+    if profile is not None and profile.exists():
+        row["operator_profile"] = {k: round(v, 3) for k, v in profile_buckets(profile.read_text().splitlines()).items()}
     if not pending:
         row.update({
             "to_all_running_s": t["all_running"] - t["job_added"],
@@ -125,7 +131,8 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
             for series in ("pending", "full"):
                 for i in range(repeats):
                     name = f"gang-{size}-{series}-{i}"
-                    row = one_run(bed, rec, ns, name, size, pending=series == "pending")
+                    profile = args.py_spy / f"{name}.txt" if getattr(args, "py_spy", None) else None
+                    row = one_run(bed, rec, ns, name, size, pending=series == "pending", profile=profile)
                     row["created_s"] = created_s(row)
                     runs[series].setdefault(size, []).append(row)
                     print(f"{size} nodes, {series}, run {i + 1}/{repeats}: created {row['created_s']:.2f}s "
@@ -178,7 +185,24 @@ def report(results: dict[str, Any]) -> str:
         text += f"\ngrowth exponent of {key} (1 = linear): " + ", ".join(f"{k}: {v:.2f}" for k, v in exps.items())
     for what, met in results["target_met"].items():
         text += f"\ntarget {what}: {'met' if met else 'MISSED'}"
+    biggest = max(results["runs"]["full"], key=int)
+    for row in results["runs"]["full"][biggest][:1]:
+        text += f"\n\nwhere the CPU went during the {biggest}-node run to Succeeded ({row['to_succeeded_s']:.1f} s):\n\n"
+        text += table(["process", "CPU s"], cpu_rows(row["cpu_s"]))
+        if row.get("operator_profile"):
+            text += "\n\noperator profile (py-spy, share of samples by package of the deepest frame): " + \
+                ", ".join(f"{k} {v:.0%}" for k, v in row["operator_profile"].items())
     return text
+
+
+def cpu_rows(cpu: dict[str, float]) -> list[tuple[str, float]]:
+    """Each component's CPU seconds, and what the rest of the machine used: the pods (their
+    processes, the `ip` commands that plumb their network), the other engineers' work, ..."""
+    rows = [(name, value) for name, value in sorted(cpu.items(), key=lambda kv: -kv[1]) if name != "machine"]
+    if "machine" in cpu:
+        rows.append(("everything else (pods, their setup, other work)", cpu["machine"] - sum(v for _, v in rows)))
+        rows.append(("all cores, busy", cpu["machine"]))
+    return rows
 
 
 def main(argv=None) -> None:

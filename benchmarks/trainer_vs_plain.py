@@ -11,13 +11,18 @@ steps ``warmup`` and ``warmup + steps``; images/s = steps x batch x ranks / elap
     python benchmarks/trainer_vs_plain.py --smoke         # seconds: does everything still run?
 
 ``--repeats`` alternates plain/trainer runs (ABAB...) and reports the median of each, which
-evens out a machine whose load drifts.
+evens out a machine whose load drifts. On a machine shared with other work wall-clock figures
+still swing, so the CPU seconds each whole run used (every process of it) are printed too: the
+same work costs about the same CPU time however busy the machine is. And the median images/s
+of all 10-step windows (pooled over the runs) is printed: a burst of other load spoils a few
+windows, not the median (it slightly favours the trainer: 2 of its 6 windows hold a save).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -76,12 +81,26 @@ def _torchrun(nproc: int, *args: str) -> list[str]:
             f"--nproc-per-node={nproc}", *args]
 
 
-def _timed(cmd: list[str], warmup: int, total: int, images_per_step: int) -> float:
+def _cpu_seconds_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(cmd: list[str], warmup: int, total: int, images_per_step: int
+           ) -> tuple[float, float, list[float]]:
+    """(images/s between the warmup and the last step, CPU seconds of the whole run, images/s
+    of each logged window after the warmup).
+
+    The CPU seconds cover every process of the run (torchrun, ranks, loader workers), start-up
+    included; on a machine shared with other work they vary far less than wall-clock time.
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO / "operator"), str(REPO / "trainer")] + ([env["PYTHONPATH"]]
                                                            if env.get("PYTHONPATH") else []))
+    cpu_before = _cpu_seconds_of_children()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    cpu = _cpu_seconds_of_children() - cpu_before
     if proc.returncode != 0:
         sys.exit(f"benchmark run failed ({proc.returncode}): {' '.join(cmd)}\n"
                  f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
@@ -94,7 +113,10 @@ def _timed(cmd: list[str], warmup: int, total: int, images_per_step: int) -> flo
     if warmup not in stamps or total not in stamps:
         sys.exit(f"steps {warmup} and {total} not both logged by: {' '.join(cmd)}\n"
                  f"{proc.stdout[-2000:]}")
-    return (total - warmup) * images_per_step / (stamps[total] - stamps[warmup])
+    logged = sorted(s for s in stamps if s >= warmup)
+    windows = [(b - a) * images_per_step / (stamps[b] - stamps[a])
+               for a, b in zip(logged, logged[1:])]
+    return (total - warmup) * images_per_step / (stamps[total] - stamps[warmup]), cpu, windows
 
 
 def main() -> None:
@@ -125,6 +147,8 @@ def main() -> None:
     plain = _torchrun(a.nproc, __file__, "--plain-worker", "--total-steps", str(total),
                       "--fake-size", str(fake_size), *common)
     results: dict[str, list[float]] = {"plain": [], "trainer": []}
+    cpu: dict[str, list[float]] = {"plain": [], "trainer": []}
+    windows: dict[str, list[float]] = {"plain": [], "trainer": []}
     with tempfile.TemporaryDirectory(prefix="ddptrain-bench-") as tmp:
         for i in range(a.repeats):
             trainer = _torchrun(
@@ -134,19 +158,31 @@ def main() -> None:
                 f"{tmp}/ckpt-{i}", "--no-resume", "--log-format", "json", "--device", "cpu",
                 *common)
             for name, cmd in (("plain", plain), ("trainer", trainer)):
-                ips = _timed(cmd, a.warmup, total, images_per_step)
+                ips, cpu_s, rates = _timed(cmd, a.warmup, total, images_per_step)
                 results[name].append(ips)
-                print(f"run {i + 1}/{a.repeats} {name:8s} {ips:8.1f} images/s", flush=True)
+                cpu[name].append(cpu_s)
+                windows[name].extend(rates)
+                print(f"run {i + 1}/{a.repeats} {name:8s} {ips:8.1f} images/s  "
+                      f"{cpu_s:6.1f} CPU s for the whole run", flush=True)
     plain_ips, trainer_ips = (statistics.median(results[k]) for k in ("plain", "trainer"))
     spread = {k: f"{min(v):.1f}-{max(v):.1f}" for k, v in results.items()}
     print(f"plain loop : {plain_ips:8.1f} images/s (median; runs {spread['plain']})")
     print(f"ddptrain   : {trainer_ips:8.1f} images/s (median; runs {spread['trainer']})")
     print(f"ratio      : {trainer_ips / plain_ips:.3f}x (target >= 0.97x)")
+    plain_win, trainer_win = (statistics.median(windows[k]) for k in ("plain", "trainer"))
+    print(f"median {a.log_every}-step window over all runs: plain {plain_win:.1f}, ddptrain "
+          f"{trainer_win:.1f} images/s; ratio {trainer_win / plain_win:.3f}x")
+    plain_cpu, trainer_cpu = (statistics.median(cpu[k]) for k in ("plain", "trainer"))
+    print(f"CPU seconds per run (median, {total} steps, start-up included): plain "
+          f"{plain_cpu:.1f}, ddptrain {trainer_cpu:.1f}; plain/ddptrain = "
+          f"{plain_cpu / trainer_cpu:.3f}x")
     print(json.dumps({"plain_images_per_sec": round(plain_ips, 1),
                       "trainer_images_per_sec": round(trainer_ips, 1),
                       "ratio": round(trainer_ips / plain_ips, 3), "steps": a.steps,
                       "warmup": a.warmup, "batch_size": a.batch_size, "nproc": a.nproc,
-                      "repeats": a.repeats, "runs": results, "cpu_count": os.cpu_count()}))
+                      "window_ratio": round(trainer_win / plain_win, 3),
+                      "cpu_ratio": round(plain_cpu / trainer_cpu, 3), "repeats": a.repeats,
+                      "runs": results, "cpu_seconds": cpu, "cpu_count": os.cpu_count()}))
 
 
 if __name__ == "__main__":
