@@ -360,9 +360,11 @@ def metrics_delta(before: Mapping, after: Mapping, name: str, **labels: str) -> 
 # ---------------------------------------------------------------------------------------------
 # py-spy profiles
 # ---------------------------------------------------------------------------------------------
-PROFILE_BUCKETS = (("ddpjob", "/ddpjob/"), ("kopf", "/kopf/"), ("aiohttp", "/aiohttp/"),
-                   ("kubernetes client", "/kubernetes/"), ("urllib3", "/urllib3/"), ("ssl", "ssl.py"),
-                   ("json", "/json/"), ("asyncio", "/asyncio/"), ("logging", "/logging/"))
+# py-spy names a frame "function (package/module.py:line)"
+PROFILE_BUCKETS = (("ddpjob", "(ddpjob/"), ("kopf", "(kopf/"), ("aiohttp", "(aiohttp/"),
+                   ("kubernetes client", "(kubernetes/"), ("urllib3", "(urllib3/"), ("ssl", "(ssl.py"),
+                   ("json", "(json/"), ("yaml", "(yaml/"), ("asyncio", "(asyncio/"), ("logging", "(logging/"),
+                   ("threading", "(threading.py"))
 
 
 def profile_buckets(collapsed: Iterable[str]) -> dict[str, float]:

@@ -10,12 +10,12 @@ steps ``warmup`` and ``warmup + steps``; images/s = steps x batch x ranks / elap
     python benchmarks/trainer_vs_plain.py                 # the recorded figure (~5 min)
     python benchmarks/trainer_vs_plain.py --smoke         # seconds: does everything still run?
 
-``--repeats`` alternates plain/trainer runs (ABAB...) and reports the median of each, which
-evens out a machine whose load drifts. On a machine shared with other work wall-clock figures
+``--repeats`` alternates plain/trainer runs (AB BA AB BA ...) and reports the median of each,
+which evens out a machine whose load drifts. On a machine shared with other work wall-clock figures
 still swing, so the CPU seconds each whole run used (every process of it) are printed too: the
 same work costs about the same CPU time however busy the machine is. And the median images/s
 of all 10-step windows (pooled over the runs) is printed: a burst of other load spoils a few
-windows, not the median (it slightly favours the trainer: 2 of its 6 windows hold a save).
+windows, not the median (it slightly favours the trainer: 1 of its 4 windows holds a save).
 """
 from __future__ import annotations
 
@@ -124,14 +124,14 @@ def main() -> None:
         plain_worker(sys.argv[2:])
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=60, help="timed steps (a multiple of --log-every)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of --log-every)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--nproc", type=int, default=2, help="gloo ranks")
     p.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-every", type=int, default=30, help="the trainer's")
-    p.add_argument("--repeats", type=int, default=3, help="alternating runs of each")
+    p.add_argument("--repeats", type=int, default=4, help="alternating runs of each")
     p.add_argument("--smoke", action="store_true", help="tiny run for CI (seconds)")
     a = p.parse_args()
     if a.smoke:
@@ -157,7 +157,9 @@ def main() -> None:
                 "--checkpoint-every", str(a.checkpoint_every), "--checkpoint-dir",
                 f"{tmp}/ckpt-{i}", "--no-resume", "--log-format", "json", "--device", "cpu",
                 *common)
-            for name, cmd in (("plain", plain), ("trainer", trainer)):
+            # ABBA...: who goes first alternates, so a drift in the machine's load hits both
+            pair = [("plain", plain), ("trainer", trainer)]
+            for name, cmd in (pair if i % 2 == 0 else pair[::-1]):
                 ips, cpu_s, rates = _timed(cmd, a.warmup, total, images_per_step)
                 results[name].append(ips)
                 cpu[name].append(cpu_s)

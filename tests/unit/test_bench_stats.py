@@ -213,9 +213,9 @@ def test_table():
 
 def test_profile_buckets_take_the_deepest_known_frame():
     collapsed = [
-        "<module> (kopf/__main__.py:1);handle (/x/kopf/_core/a.py:3);loads (/usr/lib/json/decoder.py:9) 6",
-        "run (/x/ddpjob/reconcile.py:5);request (/x/urllib3/pool.py:7) 3",
-        "idle (/x/other.py:1) 1",
+        "<module> (kopf/__main__.py:1);handle (kopf/_core/a.py:3);loads (json/decoder.py:9) 6",
+        "run (ddpjob/reconcile.py:5);request (urllib3/pool.py:7) 3",
+        "idle (other.py:1) 1",
         "garbage",
     ]
     assert bs.profile_buckets(collapsed) == {"json": 0.6, "urllib3": 0.3, "other": 0.1}

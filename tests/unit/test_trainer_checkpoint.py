@@ -132,3 +132,31 @@ def test_single_process_run_resumes_and_refuses_what_it_cannot(tmp_path, capsys)
     assert _run(tmp_path, "--model", "resnet18") == 2
     err = capsys.readouterr().err
     assert "--checkpoint-dir:" in err and "model 'tiny-cnn' (now 'resnet18')" in err
+
+
+def test_background_save_snapshots_then_writes(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    writer = checkpoint.BackgroundWriter()
+    before = model.weight.detach().clone()
+    checkpoint.save(SINGLE, str(tmp_path), 2, {"step": 1, "model": model.state_dict()},
+                    writer, blocking=False)
+    with torch.no_grad():
+        model.weight.add_(1.0)  # training goes on while the file is written
+    checkpoint.flush(SINGLE, writer)
+    saved = checkpoint.read(str(tmp_path / "step-00000001.pt"))
+    assert torch.equal(saved["model"]["weight"], before)  # the state at save time
+
+
+def test_background_write_failure_is_reported_by_the_next_save(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    writer = checkpoint.BackgroundWriter()
+    checkpoint.save(SINGLE, str(blocker / "ckpt"), 1, {"step": 1}, writer, blocking=False)
+    with pytest.raises(CheckpointError, match="step-00000001.pt failed"):
+        checkpoint.save(SINGLE, str(tmp_path / "ok"), 1, {"step": 2}, writer, blocking=False)
+
+
+def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
+    (tmp_path / ".step-00000007.pt.tmp-4242").write_bytes(b"half")
+    checkpoint.prepare_folder(SINGLE, str(tmp_path))
+    assert os.listdir(tmp_path) == []

@@ -3,9 +3,13 @@
 Layout: ``<checkpoint_dir>/step-00001200.pt``. A file is written as a hidden temp file in the
 same folder, flushed, fsync'ed and renamed over its final name, so a reader (or a restart after
 SIGKILL mid-write) only ever sees complete files; "the newest checkpoint" is simply the highest
-step. Every rank collects its RNG state to rank 0; after the write rank 0 tells every rank
-whether it worked (a broadcast that is also the barrier), so a failed write fails every rank at
-once instead of leaving them in a barrier until the collective timeout.
+step. Every rank collects its RNG state to rank 0; then rank 0 tells every rank whether the
+write worked (a broadcast that is also the barrier), so a failed write fails every rank at once
+instead of leaving them in a barrier until the collective timeout.
+
+Periodic saves do not stall training: rank 0 copies the state to host memory and a background
+thread writes it (one write in flight; a failure is reported at the next save). The final save
+and the one on SIGTERM are blocking: the file is on disk before the process exits.
 
 On resume rank 0 picks the file and every rank loads that same file (on a shared volume a
 late directory listing on another node could otherwise pick an older one).
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import threading
 from typing import Any, Optional
 
 import torch
@@ -25,6 +30,7 @@ from .errors import CheckpointError
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
+_TEMP = re.compile(r"^\.step-\d{8,}\.pt\.tmp-\d+$")
 
 
 def checkpoint_path(folder: str, step: int) -> str:
@@ -116,18 +122,68 @@ def _all_gather_objects(ctx: DistContext, obj: Any) -> list[Any]:
     return out
 
 
-def save(ctx: DistContext, folder: str, keep: int, state: dict) -> str:
-    """Collective: every rank calls it with the same step. Returns the path written."""
+def _host_copy(value: Any) -> Any:
+    """A snapshot the training loop cannot change under the writer: tensors copied to host."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _host_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_copy(v) for v in value)
+    return value
+
+
+class BackgroundWriter:
+    """Rank 0's checkpoint writer thread: at most one write in flight, in order."""
+
+    def __init__(self) -> None:
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[str] = None
+
+    def submit(self, state: dict, path: str, folder: str, keep: int) -> None:
+        self._join()
+
+        def write() -> None:
+            try:
+                write_atomic(state, path)
+                prune(folder, keep)
+            except Exception as e:  # reported by the next wait()
+                self._error = f"writing {path} failed: {e}"
+
+        # Not a daemon: an interpreter that exits lets the write finish first.
+        self._thread = threading.Thread(target=write, name="ddptrain-checkpoint")
+        self._thread.start()
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def wait(self) -> Optional[str]:
+        """Wait for the write in flight; the error of the writes since the last wait, if any."""
+        self._join()
+        error, self._error = self._error, None
+        return error
+
+
+def save(ctx: DistContext, folder: str, keep: int, state: dict,
+         writer: Optional[BackgroundWriter] = None, blocking: bool = True) -> str:
+    """Collective: every rank calls it with the same step. Returns the path (being) written.
+
+    ``blocking=False`` (with a writer) returns once rank 0 holds a host copy; the file appears
+    when the writer thread is done.
+    """
     rngs = _all_gather_objects(ctx, capture_rng(ctx.device))
     path = checkpoint_path(folder, state["step"])
     error = None
     if ctx.is_main:
-        try:
-            write_atomic({**state, "format": FORMAT_VERSION, "rng": rngs,
-                          "world_size": ctx.world_size}, path)
-            prune(folder, keep)
-        except Exception as e:
-            error = f"writing {path} failed: {e}"
+        full = {**state, "format": FORMAT_VERSION, "rng": rngs, "world_size": ctx.world_size}
+        writer = writer or BackgroundWriter()
+        error = writer.wait()  # the previous write: its failure is reported now
+        if error is None:
+            writer.submit(_host_copy(full), path, folder, keep)
+            if blocking:
+                error = writer.wait()
     if ctx.distributed:
         box = [error]
         dist.broadcast_object_list(box, src=0, group=ctx.control_group)
@@ -135,6 +191,17 @@ def save(ctx: DistContext, folder: str, keep: int, state: dict) -> str:
     if error:
         raise CheckpointError(error)
     return path
+
+
+def flush(ctx: DistContext, writer: BackgroundWriter) -> None:
+    """Collective: wait for rank 0's write in flight; if it failed, every rank raises."""
+    error = writer.wait() if ctx.is_main else None
+    if ctx.distributed:
+        box = [error]
+        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
+        error = box[0]
+    if error:
+        raise CheckpointError(error)
 
 
 def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Optional[str]]:
@@ -152,6 +219,7 @@ def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Option
             if not os.access(folder, os.W_OK | os.X_OK):
                 problem = f"{folder} is not writable by uid {os.getuid()}"
             newest = latest_checkpoint(folder)
+            _remove_stale_temp_files(folder)
         except OSError as e:
             problem = f"{folder} cannot be created: {e.strerror or e}"
     if ctx.distributed:
@@ -159,6 +227,16 @@ def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Option
         dist.broadcast_object_list(box, src=0, group=ctx.control_group)
         problem, newest = box[0]
     return problem, newest
+
+
+def _remove_stale_temp_files(folder: str) -> None:
+    """Temp files of writers that died mid-write (a crash, SIGKILL): nobody will finish them."""
+    for name in os.listdir(folder):
+        if _TEMP.match(name):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
 
 
 def load(ctx: DistContext, path: str) -> dict:

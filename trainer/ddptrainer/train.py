@@ -71,6 +71,7 @@ class Trainer:
         self.last_checkpoint: Optional[str] = None
         self.last_loss: Optional[float] = None
         self.resumed_from: Optional[str] = None
+        self.writer = checkpoint.BackgroundWriter()
         problem, newest = checkpoint.prepare_folder(ctx, config.checkpoint_dir)
         if problem:
             raise ConfigError(f"--checkpoint-dir: {problem}")
@@ -125,15 +126,18 @@ class Trainer:
         self.last_loss = state.get("loss")
         self.resumed_from = path
 
-    def _save(self) -> str:
+    def _save(self, blocking: bool = False) -> str:
+        """Periodic saves write in the background; the final and SIGTERM ones block."""
         if self.last_saved_step == self.step:
+            if blocking:
+                checkpoint.flush(self.ctx, self.writer)
             return self.last_checkpoint or ""
         state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                  "batch_size": self.config.batch_size, "loss": self.last_loss,
                  "compat": _compatibility(self.config, self.data),
                  "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         path = checkpoint.save(self.ctx, self.config.checkpoint_dir,
-                               self.config.keep_checkpoints, state)
+                               self.config.keep_checkpoints, state, self.writer, blocking)
         self.last_saved_step, self.last_checkpoint = self.step, path
         return path
 
@@ -209,14 +213,14 @@ class Trainer:
                     window_sum.zero_()
                     window_steps, data_wait, window_start = 0, 0.0, time.perf_counter()
                 if c.checkpoint_every and self.step % c.checkpoint_every == 0:
-                    self._save()  # its time stays in the window: the figure is honest
+                    self._save()  # rank 0 writes it in the background
             if self.batch_in_epoch >= self.steps_per_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
                 if self.step < self.total_steps:
                     self._save()  # epoch end
         if window_steps:  # the loop ended off a log step (cannot happen today; be safe)
             self.last_loss = self._mean_loss(window_sum, window_steps)
-        path = self._save()
+        path = self._save(blocking=True)
         self.stop.drain()
         return TrainResult(step=self.step, total_steps=self.total_steps, loss=self.last_loss,
                            checkpoint=path or None,
@@ -224,7 +228,7 @@ class Trainer:
 
     def _preempted(self):
         signum = self.stop.agreed_signum or 15
-        path = self._save()
+        path = self._save(blocking=True)
         self.stop.drain()
         raise Preempted(f"stopped by signal {signum} at step={self.step}/{self.total_steps}; "
                         f"checkpoint {path} saved", signum)
