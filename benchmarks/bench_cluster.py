@@ -379,10 +379,14 @@ class Recorder:
 
 
 def delete_jobs(bed: Bed, rec: Recorder, timeout: float = 180) -> None:
-    """Delete every DDPJob of the recorder's namespace and wait until their pods are gone, so
-    the next run starts on a quiet cluster."""
+    """Delete every DDPJob of the recorder's namespace, then their pods, and wait until all
+    are gone, so the next run starts on a quiet cluster. The pods are deleted here rather than
+    left to the garbage collector: for up to 30 s after a CRD is installed the collector has
+    not discovered it yet, and takes that long to notice that the pods' owner is gone."""
     bed.kubectl("delete", "ddpjobs", "--all", "-n", rec.namespace, "--wait=false")
-    rec.wait(lambda r: r.no_pods() and not r.job_state, timeout, "the jobs and their pods to be gone")
+    rec.wait(lambda r: not r.job_state, timeout, "the jobs to be gone")
+    bed.kubectl("delete", "pods", "-l", JOB_LABEL, "-n", rec.namespace, "--wait=false")
+    rec.wait(lambda r: r.no_pods(), timeout, "the jobs' pods to be gone")
 
 
 def warm_up(bed: Bed, nnodes: int = 1) -> dict[str, float]:

@@ -71,7 +71,7 @@ def timed_run(nproc: int, threads: int, a: argparse.Namespace, checkpoint_dir: s
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--steps", type=int, default=100, help="timed steps (a multiple of --log-every)")
+    p.add_argument("--steps", type=int, default=60, help="timed steps (a multiple of --log-every)")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")

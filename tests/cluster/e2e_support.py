@@ -226,6 +226,13 @@ class E2E:
             _preload_content=False)
         return json.loads(response.data)["items"]
 
+    def wait_for_event(self, name: str, reason: str, timeout: float = 30) -> list[dict]:
+        """The Events of that reason on the object (kopf posts them from a queue, so one can
+        land a moment after the status that goes with it)."""
+        return self.cluster.wait_for(
+            lambda: [e for e in self.events(name) if e["reason"] == reason], timeout,
+            f"an Event {reason} on {name}")
+
 
 def parse_time(text: str) -> dt.datetime:
     """A Kubernetes timestamp (RFC 3339, ``Z``)."""
@@ -272,8 +279,9 @@ class PodRecorder:
         return self
 
     def __exit__(self, *exc) -> None:
+        # No join: the watch notices the flag at its next event or server timeout (5 s), and
+        # the scenario has seen the outcome it waited for by now; waiting would only cost time.
         self._stop.set()
-        self._thread.join(timeout=10)
 
     def _record(self, pod: dict) -> None:
         meta = pod["metadata"]
@@ -339,6 +347,11 @@ class PodRecorder:
         return {p.attempt for p in self.snapshot()}
 
     def describe(self) -> str:
+        if self._error is not None:  # the watch had to start over at least once
+            return f"(watch error: {self._error!r}) " + self._describe()
+        return self._describe()
+
+    def _describe(self) -> str:
         return "; ".join(f"{p.name} attempt={p.attempt} uid={p.uid[:8]} {'>'.join(p.phases)}"
                          for p in sorted(self.snapshot(), key=lambda p: (p.attempt, p.node_rank)))
 

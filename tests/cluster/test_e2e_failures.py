@@ -48,8 +48,8 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_checkpoint(e2e, sh
             for p in e2e.pods(name)} == {"1"}, seen
     assert pods.attempts() == {0, 1}, seen
     assert pods.pods_per_rank(0) == pods.pods_per_rank(1) == {0: 1, 1: 1}, seen
-    restarted = [e for e in e2e.events(name) if e["reason"] == "Restarting"]
-    assert len(restarted) == 1, restarted
+    restarted = e2e.wait_for_event(name, "Restarting")
+    assert len(restarted) == 1 and restarted[0]["type"] == "Warning", restarted
 
     # The new gang's rank 0 resumed from a checkpoint of the first, and stopped at the total.
     log = e2e.wait_for_logs(f"{name}-node-0", "ddptrain: done")

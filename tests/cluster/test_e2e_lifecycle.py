@@ -103,8 +103,8 @@ def test_suspend_deletes_the_pods_and_resume_finishes_the_job(e2e):
     assert pods.attempts() == {0, 1}, seen
     for rank in range(2):
         assert "finished in attempt 1" in e2e.wait_for_logs(f"{name}-node-{rank}", "finished")
-    reasons = [e["reason"] for e in e2e.events(name)]
-    assert "Suspended" in reasons and "Resumed" in reasons, reasons
+    e2e.wait_for_event(name, "Suspended")
+    e2e.wait_for_event(name, "Resumed")
 
 
 def test_active_deadline_fails_the_job_and_releases_its_pods(e2e):

@@ -39,5 +39,5 @@ def test_template_that_breaks_restricted_fails_with_the_admission_message(e2e):
     assert 'violates PodSecurity "restricted:latest"' in status["message"], status
     assert "runAsNonRoot" in status["message"] and "runAsUser=0" in status["message"], status
     assert not e2e.pods(name)
-    refused = [e for e in e2e.events(name) if e["reason"] == "PodCreationRefused"]
-    assert refused and refused[0]["type"] == "Warning", refused
+    refused = e2e.wait_for_event(name, "PodCreationRefused")
+    assert refused[0]["type"] == "Warning", refused

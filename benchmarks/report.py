@@ -1,0 +1,45 @@
+"""Print the tables of every recorded benchmark from benchmarks/results/*.json, each with
+the command and the machine it was measured on: what benchmarks/README.md quotes.
+
+    python benchmarks/report.py
+    python benchmarks/report.py --results-dir /tmp/results --smoke   # the *-smoke.json files
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OPERATOR = ["operator_start_latency", "operator_gang_size", "operator_many_jobs", "operator_api_cost",
+            "operator_recovery"]
+
+
+def machine_line(data: dict) -> str:
+    m = data["machine"]
+    load = "/".join(f"{x:.1f}" for x in m["loadavg_start"])
+    end = "/".join(f"{x:.1f}" for x in m.get("loadavg_end", ()))
+    return (f"{m['date']}, {m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB, kernel {m['kernel']}, "
+            f"Python {m['python']}, commit {m['git']}; load average (1/5/15 min) {load} at the start, {end} at the end")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results-dir", type=Path, default=HERE / "results")
+    p.add_argument("--smoke", action="store_true")
+    a = p.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    for name in OPERATOR:
+        path = a.results_dir / f"{name}{'-smoke' if a.smoke else ''}.json"
+        if not path.exists():
+            print(f"## {name}: no results ({path})\n")
+            continue
+        data = json.loads(path.read_text())
+        module = importlib.import_module(name)  # its report() formats its own results
+        print(f"## {name}\n\n`{data['command']}`\n\n{machine_line(data)}\n\n{module.report(data)}\n")
+
+
+if __name__ == "__main__":
+    main()
