@@ -12,6 +12,7 @@ to the last) are 1 for sequential round trips and grow with real overlap.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -61,6 +62,7 @@ def one_run(bed: bc.Bed, rec: bc.Recorder, ns: str, name: str, size: int, *,
         "to_first_created_s": t["first_created"] - t["job_added"],
         "to_all_created_s": t["all_created"] - t["job_added"],
         "cpu_s": cpu,
+        "loadavg_1min_end": os.getloadavg()[0],
         **apiserver_figures(metrics_before, metrics_after),
     }
     if profile is not None and profile.exists():

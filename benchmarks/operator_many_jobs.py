@@ -14,6 +14,7 @@ machine's two cores went, the other test-bed components.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -64,7 +65,7 @@ def scenario(bed: bc.Bed, count: int, nnodes: int) -> dict[str, Any]:
         "operator_cpu_s": cpu.get("operator"), "operator_cpu_ms_per_job": 1000 * cpu.get("operator", 0) / count,
         "operator_rss_before_mib": idle_memory["rss_mib"],
         "operator_peak_mib": memory["peak_mib"], "operator_rss_end_mib": memory["rss_mib"],
-        "cpu_s": cpu,
+        "cpu_s": cpu, "loadavg_1min_end": os.getloadavg()[0],
     }
 
 
@@ -101,7 +102,7 @@ def report(results: dict[str, Any]) -> str:
     for count in sorted(results["scenarios"], key=int):
         r = results["scenarios"][count]
         lat = r["status_latency_s"]
-        rows.append((count, count * r["nnodes"], r["makespan_s"], r["jobs_per_minute"],
+        rows.append((count, int(count) * r["nnodes"], r["makespan_s"], r["jobs_per_minute"],
                      r["job_to_finished_s"]["median"], lat.get("median"), lat.get("p95"),
                      r["operator_cpu_s"], r["operator_cpu_ms_per_job"], r["operator_rss_before_mib"],
                      r["operator_peak_mib"],
