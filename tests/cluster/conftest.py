@@ -21,7 +21,7 @@ from .kube import Kubectl, KubectlError, api_client_from_kubeconfig
 from .node_agent import NodeSpec
 from .operator_runner import (
     OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, OperatorProcess, apply_manifests,
-    operator_command, operator_environment, service_account_kubeconfig,
+    operator_command, operator_environment, render_manifests, service_account_kubeconfig,
 )
 from .processes import wait_for as _wait_for
 from .target import TARGET
@@ -230,9 +230,12 @@ def operator_session(cluster: Cluster, request: pytest.FixtureRequest):
         handle.stop()
         return
     try:
-        documents = apply_manifests(cluster.kubectl, include_workloads=False)
+        apply_manifests(cluster.kubectl, include_workloads=False)
     except (KubectlError, RuntimeError) as error:
         pytest.fail(f"applying manifests/ failed: {error}")
+    # The command and environment of the Deployment (left out of what was applied): the
+    # operator under test runs exactly as production runs it.
+    documents = render_manifests()
     start = request.getfixturevalue("start_operator")
     handle = start(operator_command(documents), name="ddpjob-operator",
                    env=operator_environment(documents))

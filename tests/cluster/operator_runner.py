@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -54,6 +55,10 @@ def operator_command(documents: list[dict] | None = None) -> str:
     local = Path(sys.executable).parent / argv[0]
     if local.exists():
         argv[0] = str(local)
+    elif shutil.which(argv[0]) is None:
+        raise RuntimeError(
+            f"the operator's command {argv[0]!r} (manifests/operator.yaml) is not installed in this "
+            "environment: run `bash scripts/setup.sh` (pip install -e '.[all]')")
     return shlex.join(argv) + " --liveness={liveness}"
 
 
