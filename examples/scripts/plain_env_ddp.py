@@ -58,7 +58,11 @@ def main() -> int:
     dist.init_process_group(backend="nccl" if use_gpu else "gloo", init_method="env://",
                             timeout=datetime.timedelta(seconds=timeout))
     try:
-        return train_and_check(device)
+        result = train_and_check(device)
+        # Every rank reaches this point before any tears down: rank 0 hosts the rendezvous
+        # store, and a gloo group destroyed while a peer still talks to it can abort.
+        dist.barrier()
+        return result
     finally:
         dist.destroy_process_group()
 

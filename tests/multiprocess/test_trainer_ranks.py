@@ -19,24 +19,32 @@ PROBE = textwrap.dedent('''
     from ddptrainer.progress import Progress
     from ddptrainer.train import Trainer
 
-    out, argv = sys.argv[1], sys.argv[2:]
-    config = parse_config(argv)
-    ctx = setup(config)
-    try:
-        data = build_dataset(config, ctx)
-        trainer = Trainer(config, ctx, data, Progress(ctx.is_main, "text"), StopRequest())
-        flat = lambda: torch.cat([p.detach().flatten().clone() for p in trainer.model.parameters()])
-        initial = flat()
-        result = trainer.run()
-        shards = {}
-        for epoch in (0, 1):
-            trainer.sampler.set_epoch(epoch)
-            shards[epoch] = list(trainer.sampler)
-        torch.save({"initial": initial, "final": flat(), "shards": shards, "step": result.step,
-                    "loss": result.loss, "world_size": ctx.world_size,
-                    "dataset_len": len(data.dataset)}, f"{out}/rank-{ctx.rank}.pt")
-    finally:
-        teardown(ctx)
+
+    def probe(out, argv):
+        config = parse_config(argv)
+        ctx = setup(config)
+        try:
+            data = build_dataset(config, ctx)
+            trainer = Trainer(config, ctx, data, Progress(ctx.is_main, "text"), StopRequest())
+            flat = lambda: torch.cat([p.detach().flatten().clone()
+                                      for p in trainer.model.parameters()])
+            initial = flat()
+            result = trainer.run()
+            shards = {}
+            for epoch in (0, 1):
+                trainer.sampler.set_epoch(epoch)
+                shards[epoch] = list(trainer.sampler)
+            torch.save({"initial": initial, "final": flat(), "shards": shards,
+                        "step": result.step, "loss": result.loss, "world_size": ctx.world_size,
+                        "dataset_len": len(data.dataset)}, f"{out}/rank-{ctx.rank}.pt")
+        finally:
+            teardown(ctx)
+
+
+    # In a function, as in ddptrain: the process groups (held by ctx and by DDP) are freed when
+    # it returns. Kept alive as module globals past destroy_process_group(), gloo's destructor
+    # at interpreter exit can abort the process ("terminate called without an active exception").
+    probe(sys.argv[1], sys.argv[2:])
 ''')
 
 

@@ -42,6 +42,8 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         rank, local_rank = ctx.rank, ctx.local_rank
         progress = Progress(ctx.is_main, config.log_format)
         data = build_dataset(config, ctx)
+        # Nothing here outlives run(): process groups (in ctx, in DDP) kept alive past
+        # destroy_process_group() until interpreter exit can make gloo abort the process.
         result = Trainer(config, ctx, data, progress, stop).run()
         progress.emit("done", step=result.step, total_steps=result.total_steps,
                       loss=result.loss, world_size=ctx.world_size,
