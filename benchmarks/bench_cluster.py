@@ -189,6 +189,17 @@ class Bed:
         self.operator.start()
         return True
 
+    def renice_node_agent(self, niceness: int) -> None:
+        """Lower the CPU priority of the node agent and so of every pod it starts from now on
+        (niceness is per thread on Linux and inherited by new threads and processes). On a real
+        cluster the pods run on other machines than the API server; here they share its two
+        cores, and a 256-pod gang starting at once starves it."""
+        for task in Path(f"/proc/{self.testbed.agent.pid}/task").iterdir():
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
+            except ProcessLookupError:
+                pass
+
     def component_pids(self) -> dict[str, int]:
         pids = {p.name: p.pid for p in self.testbed.control_plane.processes}
         pids["node-agent"] = self.testbed.agent.pid

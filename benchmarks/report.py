@@ -31,14 +31,16 @@ def main(argv=None) -> None:
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     sys.path.insert(0, str(HERE))
+    suffix = "-smoke" if a.smoke else ""
     for name in OPERATOR:
-        path = a.results_dir / f"{name}{'-smoke' if a.smoke else ''}.json"
-        if not path.exists():
-            print(f"## {name}: no results ({path})\n")
-            continue
-        data = json.loads(path.read_text())
-        module = importlib.import_module(name)  # its report() formats its own results
-        print(f"## {name}\n\n`{data['command']}`\n\n{machine_line(data)}\n\n{module.report(data)}\n")
+        paths = sorted(a.results_dir.glob(f"{name}{suffix}.json")) + sorted(
+            p for p in a.results_dir.glob(f"{name}-*{suffix}.json") if a.smoke or not p.stem.endswith("-smoke"))
+        if not paths:
+            print(f"## {name}: no results in {a.results_dir}\n")
+        for path in paths:
+            data = json.loads(path.read_text())
+            module = importlib.import_module(name)  # its report() formats its own results
+            print(f"## {path.stem}\n\n`{data['command']}`\n\n{machine_line(data)}\n\n{module.report(data)}\n")
 
 
 if __name__ == "__main__":

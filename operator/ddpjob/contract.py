@@ -157,8 +157,9 @@ class ExitCode(enum.IntEnum):
     """The trainer's exit codes (docs/contract.md has the table)."""
 
     SUCCESS = 0
-    #: An unexpected error (a Python exception). Retryable: under torchrun a lost peer also
-    #: surfaces as 1, and a restart from the checkpoint is the right answer to both.
+    #: An unexpected error (a Python exception). Retryable: a user's script under plain
+    #: torchrun reports every worker failure, a lost peer included, as 1 (ddptrain-pod reports
+    #: the worker's own code instead), and a restart from the checkpoint answers both.
     FAILURE = 1
     #: A bad flag or value, or a GPU asked for where none is. Permanent: retrying cannot help.
     BAD_CONFIG = 2

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from . import checkpoint
 from .config import TrainConfig
 from .data import DataInfo, batch_to_device, build_loader, steps_per_epoch
-from .distributed import DistContext
+from .distributed import DistContext, barrier
 from .errors import ConfigError, Preempted
 from .models import build_model
 from .preemption import StopAgreement, StopRequest
@@ -221,14 +221,21 @@ class Trainer:
         if window_steps:  # the loop ended off a log step (cannot happen today; be safe)
             self.last_loss = self._mean_loss(window_sum, window_steps)
         path = self._save(blocking=True)
-        self.stop.drain()
+        self._finish()
         return TrainResult(step=self.step, total_steps=self.total_steps, loss=self.last_loss,
                            checkpoint=path or None,
                            elapsed_seconds=time.perf_counter() - started)
 
+    def _finish(self) -> None:
+        """Every rank's last collective: after it no rank still talks to another, so tearing
+        the groups down cannot cut a peer off mid-message (the final save ends in a broadcast
+        from rank 0, which rank 0 can leave before the others have read it)."""
+        self.stop.drain()
+        barrier(self.ctx)
+
     def _preempted(self):
         signum = self.stop.agreed_signum or 15
         path = self._save(blocking=True)
-        self.stop.drain()
+        self._finish()
         raise Preempted(f"stopped by signal {signum} at step={self.step}/{self.total_steps}; "
                         f"checkpoint {path} saved", signum)
