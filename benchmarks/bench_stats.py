@@ -194,13 +194,18 @@ def gang_times(pods: Sequence[PodObs], jobs: Sequence[JobObs], job: str, nnodes:
     }
 
 
+PHASE_ORDER = {"Pending": 0, "Running": 1, "Succeeded": 2, "Failed": 2}
+
+
 def status_latencies(pods: Sequence[PodObs], jobs: Sequence[JobObs],
                      phases: Sequence[str] = ("Running", "Succeeded", "Failed")) -> dict[str, Any]:
     """For every pod phase change (first event of a pod with a new phase in ``phases``), the
-    time until the DDPJob's status first lists that pod with that phase in the same attempt.
+    time until the DDPJob's status first lists that pod (same attempt) in that phase or a later
+    one: the status has caught up with the change.
 
-    Returns ``latencies`` (seconds) and ``missed``: changes the status never showed (a phase
-    that lasted less than one coalescing window is overtaken by the next, as intended)."""
+    Returns ``latencies`` (seconds), ``overtaken`` (how many of them the status only showed as
+    a later phase: a pod that ran for less than the operator took to report it) and ``missed``
+    (changes the status never caught up with)."""
     by_job: dict[str, list[JobObs]] = {}
     for j in sorted(jobs, key=lambda j: j.t):
         by_job.setdefault(j.name, []).append(j)
@@ -211,19 +216,27 @@ def status_latencies(pods: Sequence[PodObs], jobs: Sequence[JobObs],
             last_phase[p.uid] = p.phase
             if p.phase in phases:
                 changes.append(p)
-    latencies, missed = [], 0
+    latencies, overtaken, missed = [], 0, 0
     for p in changes:
-        # A pod instance reaches each phase once, and its name is unique within an attempt, so
-        # the first status listing (rank, name, phase) for that attempt is the one. It can come
-        # a hair before our own watch saw the pod (the operator's watch won the race): a small
-        # negative latency, kept as measured.
-        shown = next((j.t for j in by_job.get(p.job, ())
-                      if j.attempt == p.attempt and (p.rank, p.name, p.phase) in j.nodes), None)
+        # A pod instance moves through the phases in order, and its name is unique within an
+        # attempt, so the first status listing (rank, name) for that attempt in this phase or a
+        # later one is the one. It can come a hair before our own watch saw the pod (the
+        # operator's watch won the race): a small negative latency, kept as measured.
+        order = PHASE_ORDER.get(p.phase, 3)
+        shown = None
+        for j in by_job.get(p.job, ()):
+            if j.attempt != p.attempt:
+                continue
+            phase = next((ph for rank, name, ph in j.nodes if rank == p.rank and name == p.name), None)
+            if phase is not None and PHASE_ORDER.get(phase, 3) >= order:
+                shown = (j.t, phase)
+                break
         if shown is None:
             missed += 1
-        else:
-            latencies.append(shown - p.t)
-    return {"latencies": latencies, "missed": missed}
+            continue
+        latencies.append(shown[0] - p.t)
+        overtaken += shown[1] != p.phase
+    return {"latencies": latencies, "overtaken": overtaken, "missed": missed}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -135,11 +135,21 @@ def test_status_latencies_match_pod_rank_phase_and_attempt():
     pods, jobs = two_node_run()
     result = bs.status_latencies(pods, jobs)
     # node-0 Running 10.5 -> 10.58; node-1 Running 10.6 -> 10.7; Succeeded 11.5 and 11.7 -> 11.8
-    assert result["missed"] == 0
+    assert result["missed"] == 0 and result["overtaken"] == 0
     assert sorted(result["latencies"]) == pytest.approx(sorted([0.08, 0.1, 0.3, 0.1]))
 
 
-def test_status_latency_of_a_phase_the_status_never_showed_is_missed():
+def test_status_latency_of_a_phase_the_status_skipped_counts_until_it_caught_up():
+    pods, jobs = two_node_run()
+    no_running = [j for j in jobs if j.phase != "Running" and j.phase != "Pending"] + [
+        j for j in jobs if j.phase == "Pending" and not j.nodes]
+    result = bs.status_latencies(pods, no_running)
+    # Running (10.5, 10.6) was never listed; Succeeded at 11.8 caught up with both changes.
+    assert result["missed"] == 0 and result["overtaken"] == 2
+    assert sorted(result["latencies"]) == pytest.approx(sorted([1.3, 1.2, 0.3, 0.1]))
+
+
+def test_status_latency_of_another_attempt_does_not_count():
     pods, jobs = two_node_run()
     wrong_attempt = [j for j in jobs if j.phase != "Succeeded"] + [
         bs.job_obs(11.8, "MODIFIED", job("j", "Succeeded", attempt=1,
