@@ -65,6 +65,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--pods-per-node", type=int, default=200, help="pod capacity of each test node")
     parser.add_argument("--operator-env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra operator environment, e.g. DDPJOB_OPERATOR_CREATE_WORKERS=8")
+    parser.add_argument("--pods-nice", type=int, default=0, metavar="N",
+                        help="run the node agent and its pods at this niceness (e.g. 19): on a real "
+                        "cluster the pods do not take the control plane's CPU (results get a -niceN suffix)")
     return parser
 
 
@@ -88,6 +91,13 @@ def proc_cpu_seconds(pid: int) -> float:
     """utime + stime of the process (its threads included), from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14 and 15 of stat(5)
+
+
+def proc_children_cpu_seconds(pid: int) -> float:
+    """cutime + cstime: the CPU of the process's children that it has waited for (the node
+    agent's pods and the `ip` commands that plumb their network, once they have exited)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / _TICKS  # fields 16 and 17 of stat(5)
 
 
 def machine_busy_seconds() -> float:
@@ -148,7 +158,10 @@ class Bed:
                 register=testbed.extra_processes.append)
             operator.start()
             print(f"test bed up: {testbed.run_dir}", file=sys.stderr, flush=True)
-            yield cls(testbed, kubectl, operator, owns_operator=True)
+            bed = cls(testbed, kubectl, operator, owns_operator=True)
+            if args.pods_nice:
+                bed.renice_node_agent(args.pods_nice)
+            yield bed
         finally:
             testbed.stop()
 
@@ -208,14 +221,19 @@ class Bed:
 
     def cpu_snapshot(self) -> dict[str, float]:
         """CPU seconds used so far by each component (the node agent without its pods), by
-        this benchmark process (its watch) and, as ``machine``, by every process on all cores
-        (so the pods and whatever else ran are the difference)."""
+        the pods and their setup commands that have exited, by this benchmark process (its
+        watch) and, as ``machine``, by every process on all cores (so what else ran, the pods
+        still running included, is the difference)."""
         snapshot = {"machine": machine_busy_seconds()}
         for name, pid in {**self.component_pids(), "benchmark": os.getpid()}.items():
             try:
                 snapshot[name] = proc_cpu_seconds(pid)
             except OSError:
                 pass
+        try:
+            snapshot["pods (exited; node-agent children)"] = proc_children_cpu_seconds(self.testbed.agent.pid)
+        except OSError:
+            pass
         return snapshot
 
     @staticmethod
@@ -427,3 +445,36 @@ def warm_up(bed: Bed, nnodes: int = 1) -> dict[str, float]:
         delete_jobs(bed, rec)
     return {key: round(t[key] - t["job_added"], 4) for key in ("all_created", "all_running", "job_finished")
             if t[key] is not None}
+
+
+def settle(max_busy_cores: float = 0.5, quiet_seconds: float = 3.0, timeout: float = 90.0) -> float:
+    """Wait until the machine is quiet (under ``max_busy_cores`` busy for ``quiet_seconds`` in
+    a row, or ``timeout``), and return how long that took. After a big gang is deleted the
+    node agent and the kernel are still tearing down its pods' network namespaces for a while;
+    a run started meanwhile measures that teardown too."""
+    started = time.monotonic()
+    quiet_since = None
+    busy = machine_busy_seconds()
+    while time.monotonic() - started < timeout:
+        time.sleep(0.5)
+        now_busy = machine_busy_seconds()
+        cores, busy = (now_busy - busy) / 0.5, now_busy
+        if cores > max_busy_cores:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_seconds:
+            break
+    return time.monotonic() - started
+
+
+def main(name: str, parser: Callable[[], argparse.ArgumentParser],
+         run: Callable[[Bed, argparse.Namespace], dict], report: Callable[[dict], str], argv=None) -> None:
+    """An operator benchmark's command: its own test bed and operator, its run, its tables
+    printed and its results file written."""
+    args = parser().parse_args(argv)
+    machine = machine_info()
+    with Bed.local(args) as bed:
+        results = run(bed, args)
+    print(report(results))
+    print(f"results: {write_results(name, args, machine, results)}")

@@ -32,9 +32,6 @@ def parser():
     p = bc.base_parser(__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--pods-nice", type=int, default=0, metavar="N",
-                   help="run the node agent and its pods at this niceness (e.g. 19), so they do not "
-                   "compete with the control plane for the CPU as they would not on a real cluster")
     p.add_argument("--py-spy", type=Path, metavar="DIR",
                    help="profile the operator with py-spy during each run (collapsed stacks in DIR)")
     return p
@@ -130,10 +127,9 @@ def created_s(row: dict[str, Any]) -> float:
 def run(bed: bc.Bed, args) -> dict[str, Any]:
     sizes, repeats = ([1, 4], 1) if args.smoke else (args.sizes, args.repeats)
     runs: dict[str, dict[int, list[dict]]] = {"full": {}, "pending": {}}
-    pods_nice = getattr(args, "pods_nice", 0)
-    if pods_nice:
-        bed.renice_node_agent(pods_nice)
+    pods_nice = args.pods_nice if bed.owns_operator else 0
     bc.warm_up(bed)
+    bc.settle()
     with bed.namespace("bench-gang") as ns, bc.Recorder(bed, ns) as rec:
         for size in sizes:
             for series in ("pending", "full"):
@@ -147,6 +143,7 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
                           f"(watch {row['to_all_created_s']:.2f}s), Succeeded {row.get('to_succeeded_s', 0):.2f}s, "
                           f"POSTs in flight max {row.get('post_max_concurrency')}", file=sys.stderr, flush=True)
                     bc.delete_jobs(bed, rec, timeout=600)
+                    row["settled_after_s"] = bc.settle()
     summary: dict[str, dict[int, dict]] = {}
     figures: dict[str, float] = {}
     for series, by_size in runs.items():
@@ -206,23 +203,17 @@ def report(results: dict[str, Any]) -> str:
 
 
 def cpu_rows(cpu: dict[str, float]) -> list[tuple[str, float]]:
-    """Each component's CPU seconds, and what the rest of the machine used: the pods (their
-    processes, the `ip` commands that plumb their network), the other engineers' work, ..."""
+    """Each component's CPU seconds, the pods' (their processes and the `ip` commands that
+    plumb their network, once exited), and what the rest of the machine used."""
     rows = [(name, value) for name, value in sorted(cpu.items(), key=lambda kv: -kv[1]) if name != "machine"]
     if "machine" in cpu:
-        rows.append(("everything else (pods, their setup, other work)", cpu["machine"] - sum(v for _, v in rows)))
+        rows.append(("everything else (kernel threads, other work)", cpu["machine"] - sum(v for _, v in rows)))
         rows.append(("all cores, busy", cpu["machine"]))
     return rows
 
 
 def main(argv=None) -> None:
-    args = parser().parse_args(argv)
-    machine = bc.machine_info()
-    with bc.Bed.local(args) as bed:
-        results = run(bed, args)
-    print(report(results))
-    name = NAME + (f"-nice{args.pods_nice}" if args.pods_nice else "")
-    print(f"results: {bc.write_results(name, args, machine, results)}")
+    bc.main(NAME, parser, run, report, argv)
 
 
 if __name__ == "__main__":

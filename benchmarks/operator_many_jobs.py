@@ -41,6 +41,7 @@ def scenario(bed: bc.Bed, count: int, nnodes: int) -> dict[str, Any]:
     bc.warm_up(bed)
     pid = bed.operator_pid
     idle_memory = bc.proc_memory_mib(pid)  # after one job: the operator's resting size
+    settled_s = bc.settle()  # the previous scenario's pods are torn down
     with bed.namespace(f"bench-many-{count}") as ns, bc.Recorder(bed, ns) as rec:
         names = [f"job-{i:03d}" for i in range(count)]
         cpu_before = bed.cpu_snapshot()
@@ -68,7 +69,7 @@ def scenario(bed: bc.Bed, count: int, nnodes: int) -> dict[str, Any]:
         "operator_cpu_s": cpu.get("operator"), "operator_cpu_ms_per_job": 1000 * cpu.get("operator", 0) / count,
         "operator_rss_before_mib": idle_memory["rss_mib"],
         "operator_peak_mib": memory["peak_mib"], "operator_rss_end_mib": memory["rss_mib"],
-        "cpu_s": cpu, "loadavg_1min_end": os.getloadavg()[0],
+        "cpu_s": cpu, "loadavg_1min_end": os.getloadavg()[0], "settled_before_s": settled_s,
     }
 
 
@@ -92,6 +93,8 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
         figures[f"{count}.operator_peak_mib"] = r["operator_peak_mib"]
     all_medians = [r["status_latency_s"]["median"] for r in scenarios.values() if r["status_latency_s"]["n"]]
     return {"params": {"counts": counts, "nnodes": nnodes, "command": bc.SLEEP_1,
+                       "pods_nice": args.pods_nice if bed.owns_operator else 0,
+                       "operator_env": bc.env_pairs(args.operator_env),
                        "target_status_latency_s": TARGET_STATUS_LATENCY_S},
             "figures": figures,
             "target_met": {f"status latency median < {TARGET_STATUS_LATENCY_S:.0f} s (every count)":
@@ -110,7 +113,9 @@ def report(results: dict[str, Any]) -> str:
                      r["operator_cpu_s"], r["operator_cpu_ms_per_job"], r["operator_rss_before_mib"],
                      r["operator_peak_mib"],
                      r["cpu_s"].get("kube-apiserver"), r["cpu_s"].get("node-agent")))
-    text = (f"Many jobs: concurrent {p['nnodes']}-node jobs, created at once\n\n"
+    setup = ", ".join(filter(None, [f"node agent and pods at nice {p['pods_nice']}" if p.get("pods_nice") else "",
+                                    " ".join(f"{k}={v}" for k, v in (p.get("operator_env") or {}).items())]))
+    text = (f"Many jobs: concurrent {p['nnodes']}-node jobs, created at once{f' ({setup})' if setup else ''}\n\n"
             + table(["jobs", "pods", "creating them s", "makespan s", "jobs/min", "job created->finished median s",
                      "status latency median s", "p95 s", "operator CPU s", "operator CPU ms/job",
                      "operator RSS before MiB", "operator peak MiB", "apiserver CPU s", "node agent CPU s"], rows))
@@ -120,12 +125,7 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv=None) -> None:
-    args = parser().parse_args(argv)
-    machine = bc.machine_info()
-    with bc.Bed.local(args) as bed:
-        results = run(bed, args)
-    print(report(results))
-    print(f"results: {bc.write_results(NAME, args, machine, results)}")
+    bc.main(NAME, parser, run, report, argv)
 
 
 if __name__ == "__main__":

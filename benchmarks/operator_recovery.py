@@ -108,12 +108,7 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv=None) -> None:
-    args = parser().parse_args(argv)
-    machine = bc.machine_info()
-    with bc.Bed.local(args) as bed:
-        results = run(bed, args)
-    print(report(results))
-    print(f"results: {bc.write_results(NAME, args, machine, results)}")
+    bc.main(NAME, parser, run, report, argv)
 
 
 if __name__ == "__main__":

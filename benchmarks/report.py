@@ -1,20 +1,29 @@
-"""Print the tables of every recorded benchmark from benchmarks/results/*.json, each with
-the command and the machine it was measured on: what benchmarks/README.md quotes.
+"""The tables of every recorded benchmark, from benchmarks/results/*.json, each with the
+command and the machine it was measured on: what benchmarks/README.md quotes.
 
-    python benchmarks/report.py
+    python benchmarks/report.py                   # print them all
+    python benchmarks/report.py --update-readme   # rewrite the README's generated blocks
+    python benchmarks/report.py --check-readme    # exit 1 if the README quotes other figures
     python benchmarks/report.py --results-dir /tmp/results --smoke   # the *-smoke.json files
+
+The README's figures are never typed by hand: each block between
+``<!-- report: NAME -->`` and ``<!-- /report -->`` is what this prints for results/NAME.json
+(a unit test checks that the two agree), and the prose around the blocks cites them.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OPERATOR = ["operator_start_latency", "operator_gang_size", "operator_many_jobs", "operator_api_cost",
-            "operator_recovery"]
+README = HERE / "README.md"
+BENCHMARKS = ["operator_start_latency", "operator_gang_size", "operator_many_jobs", "operator_api_cost",
+              "operator_recovery", "trainer_scaling", "trainer_vs_plain"]
+BLOCK = re.compile(r"(<!-- report: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
 def machine_line(data: dict) -> str:
@@ -25,23 +34,53 @@ def machine_line(data: dict) -> str:
             f"Python {m['python']}, commit {m['git']}; load average (1/5/15 min) {load} at the start, {end} at the end")
 
 
-def main(argv=None) -> None:
+def section(path: Path) -> str:
+    """One results file as the README quotes it: the command, the machine, the tables."""
+    data = json.loads(path.read_text())
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    module = importlib.import_module(data["benchmark"])  # its report() formats its own results
+    return f"`{data['command']}`\n\n{machine_line(data)}\n\n{module.report(data)}\n"
+
+
+def results_files(results_dir: Path, smoke: bool = False) -> list[Path]:
+    suffix = "-smoke" if smoke else ""
+    paths = []
+    for name in BENCHMARKS:
+        paths += sorted(results_dir.glob(f"{name}{suffix}.json"))
+        paths += sorted(p for p in results_dir.glob(f"{name}-*{suffix}.json") if smoke or not p.stem.endswith("-smoke"))
+    return paths
+
+
+def updated_readme(text: str, results_dir: Path) -> str:
+    """``text`` with every generated block rewritten from its results file."""
+    def block(match: re.Match) -> str:
+        path = results_dir / f"{match['name']}.json"
+        body = section(path) if path.exists() else f"(no results yet: {path.name} is missing)\n"
+        return f"{match.group(1)}{body}{match.group(4)}"
+    return BLOCK.sub(block, text)
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results-dir", type=Path, default=HERE / "results")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--update-readme", action="store_true", help=f"rewrite the generated blocks of {README.name}")
+    p.add_argument("--check-readme", action="store_true", help=f"exit 1 if {README.name} is out of date")
     a = p.parse_args(argv)
-    sys.path.insert(0, str(HERE))
-    suffix = "-smoke" if a.smoke else ""
-    for name in OPERATOR:
-        paths = sorted(a.results_dir.glob(f"{name}{suffix}.json")) + sorted(
-            p for p in a.results_dir.glob(f"{name}-*{suffix}.json") if a.smoke or not p.stem.endswith("-smoke"))
-        if not paths:
-            print(f"## {name}: no results in {a.results_dir}\n")
-        for path in paths:
-            data = json.loads(path.read_text())
-            module = importlib.import_module(name)  # its report() formats its own results
-            print(f"## {path.stem}\n\n`{data['command']}`\n\n{machine_line(data)}\n\n{module.report(data)}\n")
+    if a.update_readme or a.check_readme:
+        current = README.read_text()
+        updated = updated_readme(current, a.results_dir)
+        if a.check_readme:
+            print("README up to date" if updated == current else "README out of date: python benchmarks/report.py --update-readme")
+            return 0 if updated == current else 1
+        README.write_text(updated)
+        print(f"rewrote {len(BLOCK.findall(updated))} blocks of {README}")
+        return 0
+    for path in results_files(a.results_dir, a.smoke):
+        print(f"## {path.stem}\n\n{section(path)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,56 +19,34 @@ on a machine shared with other work.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "benchmarks" / "results"
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_results  # noqa: E402 (standard library only)
+import bench_stats  # noqa: E402 (pure)
+import trainer_runs  # noqa: E402 (standard library only)
+
+NAME = "trainer_scaling"
 LAYOUTS = {"1 rank x 1 thread": (1, 1), "1 rank x 2 threads": (1, 2), "2 ranks x 1 thread": (2, 1)}
+BASELINE = "1 rank x 1 thread"
 
 
-def children_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def timed_run(nproc: int, threads: int, a: argparse.Namespace, checkpoint_dir: str) -> tuple[float, float]:
-    """(images/s between the warmup step and the last, CPU seconds of the whole run)."""
+def trainer_command(nproc: int, threads: int, a: argparse.Namespace, checkpoint_dir: str) -> list[str]:
     total = a.warmup + a.steps
-    images_per_step = a.batch_size * nproc
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "ddptrainer.main", "--model", a.model, "--dataset", "fake", "--image-size", "32",
-           "--fake-size", str(total * images_per_step + images_per_step), "--max-steps", str(total),
-           "--batch-size", str(a.batch_size), "--num-workers", str(a.num_workers),
-           "--cpu-threads", str(threads), "--log-every", str(a.log_every), "--log-format", "json",
-           "--checkpoint-every", "0", "--checkpoint-dir", checkpoint_dir, "--no-resume", "--device", "cpu"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer")]
-                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["OMP_NUM_THREADS"] = str(threads)
-    cpu_before = children_cpu_seconds()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    cpu = children_cpu_seconds() - cpu_before
-    if proc.returncode != 0:
-        sys.exit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    stamps = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("event") == "progress":
-                stamps[record["step"]] = record["time"]
-    if a.warmup not in stamps or total not in stamps:
-        sys.exit(f"steps {a.warmup} and {total} not both logged:\n{proc.stdout[-2000:]}")
-    return a.steps * images_per_step / (stamps[total] - stamps[a.warmup]), cpu
+    return trainer_runs.torchrun(
+        nproc, "-m", "ddptrainer.main", "--model", a.model, "--dataset", "fake", "--image-size", "32",
+        "--fake-size", str(total * a.batch_size * nproc + a.batch_size * nproc), "--max-steps", str(total),
+        "--batch-size", str(a.batch_size), "--num-workers", str(a.num_workers),
+        "--cpu-threads", str(threads), "--log-every", str(a.log_every), "--log-format", "json",
+        "--checkpoint-every", "0", "--checkpoint-dir", checkpoint_dir, "--no-resume", "--device", "cpu")
 
 
-def main(argv=None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet18")
     p.add_argument("--steps", type=int, default=60, help="timed steps (a multiple of --log-every)")
@@ -78,43 +56,56 @@ def main(argv=None) -> None:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--smoke", action="store_true", help="tiny run (seconds)")
-    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    a = p.parse_args(argv)
+    p.add_argument("--results-dir", type=Path, default=bench_results.RESULTS_DIR)
+    return p
+
+
+def run(a: argparse.Namespace) -> dict:
     if a.smoke:
         a.steps, a.warmup, a.batch_size, a.log_every, a.repeats = 4, 2, 8, 2, 1
     if a.steps % a.log_every or a.warmup % a.log_every:
         sys.exit("--steps and --warmup must be multiples of --log-every")
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import bench_results  # noqa: E402 (standard library only)
-    import bench_stats  # noqa: E402 (pure)
-
-    machine = bench_results.machine_info()
     ips: dict[str, list[float]] = {name: [] for name in LAYOUTS}
     cpu: dict[str, list[float]] = {name: [] for name in LAYOUTS}
     with tempfile.TemporaryDirectory(prefix="ddptrain-scaling-") as tmp:
         for i in range(a.repeats):
-            for name, (nproc, threads) in LAYOUTS.items():
-                value, cpu_s = timed_run(nproc, threads, a, f"{tmp}/{i}-{nproc}-{threads}")
-                ips[name].append(value)
-                cpu[name].append(cpu_s)
-                print(f"run {i + 1}/{a.repeats} {name:20s} {value:8.1f} images/s  {cpu_s:6.1f} CPU s",
-                      file=sys.stderr, flush=True)
+            for name, (nproc, threads) in LAYOUTS.items():  # alternating: ABCABC...
+                timed = trainer_runs.timed_run(trainer_command(nproc, threads, a, f"{tmp}/{i}-{nproc}-{threads}"),
+                                               a.warmup, a.warmup + a.steps, a.batch_size * nproc,
+                                               env=trainer_runs.checkout_env(threads))
+                ips[name].append(timed.images_per_s)
+                cpu[name].append(timed.cpu_s)
+                print(f"run {i + 1}/{a.repeats} {name:20s} {timed.images_per_s:8.1f} images/s  "
+                      f"{timed.cpu_s:6.1f} CPU s", file=sys.stderr, flush=True)
     median = {name: statistics.median(values) for name, values in ips.items()}
-    base = median["1 rank x 1 thread"]
-    speedup = median["2 ranks x 1 thread"] / base
-    rows = [(name, median[name], f"{min(ips[name]):.1f}-{max(ips[name]):.1f}", median[name] / base,
-             statistics.median(cpu[name])) for name in LAYOUTS]
-    print(f"Trainer scaling ({a.model}, batch {a.batch_size} per rank, {a.steps} timed steps, "
-          f"median of {a.repeats}; {os.cpu_count()} CPUs)\n")
-    print(bench_stats.table(["layout", "images/s", "range", "vs 1 rank x 1 thread", "CPU s per run"], rows))
-    print(f"\n2 ranks vs 1 rank x 1 thread: {speedup:.2f}x (parallel efficiency {speedup / 2:.0%}); "
-          f"vs 1 rank using both cores: {median['2 ranks x 1 thread'] / median['1 rank x 2 threads']:.2f}x")
-    results = {"params": {"model": a.model, "steps": a.steps, "warmup": a.warmup, "batch_size_per_rank": a.batch_size,
-                          "num_workers": a.num_workers, "repeats": a.repeats},
-               "figures": {f"{name}.images_per_s": value for name, value in median.items()}
-               | {"speedup_2_ranks": speedup, "efficiency_2_ranks": speedup / 2},
-               "images_per_s": ips, "cpu_seconds": cpu}
-    print(f"results: {bench_results.write_results('trainer_scaling', a, machine, results)}")
+    speedup = median["2 ranks x 1 thread"] / median[BASELINE]
+    return {"params": {"model": a.model, "steps": a.steps, "warmup": a.warmup, "batch_size_per_rank": a.batch_size,
+                       "num_workers": a.num_workers, "repeats": a.repeats, "cpus": os.cpu_count()},
+            "figures": {f"{name}.images_per_s": value for name, value in median.items()}
+            | {"speedup_2_ranks": speedup, "efficiency_2_ranks": speedup / 2},
+            "images_per_s": ips, "cpu_seconds": cpu}
+
+
+def report(results: dict) -> str:
+    p, f = results["params"], results["figures"]
+    ips, cpu = results["images_per_s"], results["cpu_seconds"]
+    base = f[f"{BASELINE}.images_per_s"]
+    rows = [(name, f[f"{name}.images_per_s"], f"{min(ips[name]):.1f}-{max(ips[name]):.1f}",
+             f[f"{name}.images_per_s"] / base, statistics.median(cpu[name])) for name in LAYOUTS]
+    return (f"Trainer scaling ({p['model']}, batch {p['batch_size_per_rank']} per rank, {p['steps']} timed steps "
+            f"after {p['warmup']}, median of {p['repeats']}; {p.get('cpus', '?')} CPUs)\n\n"
+            + bench_stats.table(["layout", "images/s", "range", f"vs {BASELINE}", "CPU s per run"], rows)
+            + f"\n\n2 ranks vs {BASELINE}: {f['speedup_2_ranks']:.2f}x (parallel efficiency "
+            f"{f['efficiency_2_ranks']:.0%}); vs 1 rank using both cores: "
+            f"{f['2 ranks x 1 thread.images_per_s'] / f['1 rank x 2 threads.images_per_s']:.2f}x")
+
+
+def main(argv=None) -> None:
+    a = parser().parse_args(argv)
+    machine = bench_results.machine_info()
+    results = run(a)
+    print(report(results))
+    print(f"results: {bench_results.write_results(NAME, a, machine, results)}")
 
 
 if __name__ == "__main__":

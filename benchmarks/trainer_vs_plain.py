@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_results  # noqa: E402 (standard library only)
+import bench_stats  # noqa: E402 (pure)
+import trainer_runs  # noqa: E402 (standard library only)
+
+NAME = "trainer_vs_plain"
+TARGET_RATIO = 0.97  # the trainer issue's: its extra work costs at most 3%
 
 
 def plain_worker(argv: list[str]) -> None:
@@ -73,56 +77,11 @@ def plain_worker(argv: list[str]) -> None:
             if step == a.total_steps:
                 break
         epoch += 1
+    dist.barrier()  # a gloo group destroyed while a peer still talks aborts it
     dist.destroy_process_group()
 
 
-def _torchrun(nproc: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", *args]
-
-
-def _cpu_seconds_of_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _timed(cmd: list[str], warmup: int, total: int, images_per_step: int
-           ) -> tuple[float, float, list[float]]:
-    """(images/s between the warmup and the last step, CPU seconds of the whole run, images/s
-    of each logged window after the warmup).
-
-    The CPU seconds cover every process of the run (torchrun, ranks, loader workers), start-up
-    included; on a machine shared with other work they vary far less than wall-clock time.
-    """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "operator"), str(REPO / "trainer")] + ([env["PYTHONPATH"]]
-                                                           if env.get("PYTHONPATH") else []))
-    cpu_before = _cpu_seconds_of_children()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    cpu = _cpu_seconds_of_children() - cpu_before
-    if proc.returncode != 0:
-        sys.exit(f"benchmark run failed ({proc.returncode}): {' '.join(cmd)}\n"
-                 f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    stamps = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("event") == "progress":
-                stamps[record["step"]] = record["time"]
-    if warmup not in stamps or total not in stamps:
-        sys.exit(f"steps {warmup} and {total} not both logged by: {' '.join(cmd)}\n"
-                 f"{proc.stdout[-2000:]}")
-    logged = sorted(s for s in stamps if s >= warmup)
-    windows = [(b - a) * images_per_step / (stamps[b] - stamps[a])
-               for a, b in zip(logged, logged[1:])]
-    return (total - warmup) * images_per_step / (stamps[total] - stamps[warmup]), cpu, windows
-
-
-def main() -> None:
-    if sys.argv[1:2] == ["--plain-worker"]:  # under torchrun: one rank of the plain loop
-        plain_worker(sys.argv[2:])
-        return
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of --log-every)")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
@@ -133,7 +92,11 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=30, help="the trainer's")
     p.add_argument("--repeats", type=int, default=4, help="alternating runs of each")
     p.add_argument("--smoke", action="store_true", help="tiny run for CI (seconds)")
-    a = p.parse_args()
+    p.add_argument("--results-dir", type=Path, default=bench_results.RESULTS_DIR)
+    return p
+
+
+def run(a: argparse.Namespace) -> dict:
     if a.smoke:
         a.steps, a.warmup, a.batch_size, a.log_every, a.checkpoint_every = 4, 2, 8, 2, 4
         a.repeats = 1
@@ -144,14 +107,14 @@ def main() -> None:
     fake_size = total * images_per_step + images_per_step  # one epoch covers the run
     common = ["--batch-size", str(a.batch_size), "--num-workers", str(a.num_workers),
               "--log-every", str(a.log_every)]
-    plain = _torchrun(a.nproc, __file__, "--plain-worker", "--total-steps", str(total),
-                      "--fake-size", str(fake_size), *common)
-    results: dict[str, list[float]] = {"plain": [], "trainer": []}
+    plain = trainer_runs.torchrun(a.nproc, __file__, "--plain-worker", "--total-steps", str(total),
+                                  "--fake-size", str(fake_size), *common)
+    ips: dict[str, list[float]] = {"plain": [], "trainer": []}
     cpu: dict[str, list[float]] = {"plain": [], "trainer": []}
     windows: dict[str, list[float]] = {"plain": [], "trainer": []}
     with tempfile.TemporaryDirectory(prefix="ddptrain-bench-") as tmp:
         for i in range(a.repeats):
-            trainer = _torchrun(
+            trainer = trainer_runs.torchrun(
                 a.nproc, "-m", "ddptrainer.main", "--model", "resnet18", "--dataset", "fake",
                 "--image-size", "32", "--fake-size", str(fake_size), "--max-steps", str(total),
                 "--checkpoint-every", str(a.checkpoint_every), "--checkpoint-dir",
@@ -160,31 +123,50 @@ def main() -> None:
             # ABBA...: who goes first alternates, so a drift in the machine's load hits both
             pair = [("plain", plain), ("trainer", trainer)]
             for name, cmd in (pair if i % 2 == 0 else pair[::-1]):
-                ips, cpu_s, rates = _timed(cmd, a.warmup, total, images_per_step)
-                results[name].append(ips)
-                cpu[name].append(cpu_s)
-                windows[name].extend(rates)
-                print(f"run {i + 1}/{a.repeats} {name:8s} {ips:8.1f} images/s  "
-                      f"{cpu_s:6.1f} CPU s for the whole run", flush=True)
-    plain_ips, trainer_ips = (statistics.median(results[k]) for k in ("plain", "trainer"))
-    spread = {k: f"{min(v):.1f}-{max(v):.1f}" for k, v in results.items()}
-    print(f"plain loop : {plain_ips:8.1f} images/s (median; runs {spread['plain']})")
-    print(f"ddptrain   : {trainer_ips:8.1f} images/s (median; runs {spread['trainer']})")
-    print(f"ratio      : {trainer_ips / plain_ips:.3f}x (target >= 0.97x)")
-    plain_win, trainer_win = (statistics.median(windows[k]) for k in ("plain", "trainer"))
-    print(f"median {a.log_every}-step window over all runs: plain {plain_win:.1f}, ddptrain "
-          f"{trainer_win:.1f} images/s; ratio {trainer_win / plain_win:.3f}x")
-    plain_cpu, trainer_cpu = (statistics.median(cpu[k]) for k in ("plain", "trainer"))
-    print(f"CPU seconds per run (median, {total} steps, start-up included): plain "
-          f"{plain_cpu:.1f}, ddptrain {trainer_cpu:.1f}; plain/ddptrain = "
-          f"{plain_cpu / trainer_cpu:.3f}x")
-    print(json.dumps({"plain_images_per_sec": round(plain_ips, 1),
-                      "trainer_images_per_sec": round(trainer_ips, 1),
-                      "ratio": round(trainer_ips / plain_ips, 3), "steps": a.steps,
-                      "warmup": a.warmup, "batch_size": a.batch_size, "nproc": a.nproc,
-                      "window_ratio": round(trainer_win / plain_win, 3),
-                      "cpu_ratio": round(plain_cpu / trainer_cpu, 3), "repeats": a.repeats,
-                      "runs": results, "cpu_seconds": cpu, "cpu_count": os.cpu_count()}))
+                timed = trainer_runs.timed_run(cmd, a.warmup, total, images_per_step)
+                ips[name].append(timed.images_per_s)
+                cpu[name].append(timed.cpu_s)
+                windows[name].extend(timed.window_images_per_s)
+                print(f"run {i + 1}/{a.repeats} {name:8s} {timed.images_per_s:8.1f} images/s  "
+                      f"{timed.cpu_s:6.1f} CPU s for the whole run", file=sys.stderr, flush=True)
+    median = {k: statistics.median(v) for k, v in ips.items()}
+    window = {k: statistics.median(v) for k, v in windows.items()}
+    cpu_median = {k: statistics.median(v) for k, v in cpu.items()}
+    return {"params": {"model": "resnet18", "steps": a.steps, "warmup": a.warmup, "batch_size_per_rank": a.batch_size,
+                       "nproc": a.nproc, "num_workers": a.num_workers, "checkpoint_every": a.checkpoint_every,
+                       "log_every": a.log_every, "repeats": a.repeats, "target_ratio": TARGET_RATIO},
+            "figures": {"plain.images_per_s": median["plain"], "trainer.images_per_s": median["trainer"],
+                        "ratio": median["trainer"] / median["plain"],
+                        "window_ratio": window["trainer"] / window["plain"],
+                        "plain.cpu_s": cpu_median["plain"], "trainer.cpu_s": cpu_median["trainer"],
+                        "cpu_ratio": cpu_median["plain"] / cpu_median["trainer"]},
+            "images_per_s": ips, "cpu_seconds": cpu, "window_images_per_s": windows}
+
+
+def report(results: dict) -> str:
+    p, f, ips = results["params"], results["figures"], results["images_per_s"]
+    rows = [(name, f[f"{name}.images_per_s"], f"{min(ips[name]):.1f}-{max(ips[name]):.1f}",
+             statistics.median(results["window_images_per_s"][name]), f[f"{name}.cpu_s"])
+            for name in ("plain", "trainer")]
+    return (f"Trainer vs a plain DDP loop ({p['model']}, {p['nproc']} gloo ranks, batch {p['batch_size_per_rank']} "
+            f"per rank, {p['steps']} timed steps after {p['warmup']}, trainer checkpoint every "
+            f"{p['checkpoint_every']} steps; median of {p['repeats']} alternating runs each)\n\n"
+            + bench_stats.table(["loop", "images/s", "range", f"median {p['log_every']}-step window",
+                                 "CPU s per run"], rows)
+            + f"\n\ntrainer / plain: {f['ratio']:.3f}x images/s, {f['window_ratio']:.3f}x by the median window; "
+            f"CPU per run plain / trainer {f['cpu_ratio']:.3f}x (target >= {p['target_ratio']}x)")
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--plain-worker"]:  # under torchrun: one rank of the plain loop
+        plain_worker(argv[1:])
+        return
+    a = parser().parse_args(argv)
+    machine = bench_results.machine_info()
+    results = run(a)
+    print(report(results))
+    print(f"results: {bench_results.write_results(NAME, a, machine, results)}")
 
 
 if __name__ == "__main__":

@@ -122,8 +122,12 @@ class JobWorker:
             self.wakeup.clear()
             pods = list(self.pods[self.key]) if self.key in self.pods else []  # on the loop thread
             context = contextvars.copy_context()  # kopf's event queue, for post_event in the thread
+            # A job without pods is about to create its gang: seconds of POSTs when the API server
+            # is busy. Those passes get their own threads, so the passes of running jobs (a status
+            # write each) never queue behind a burst of new jobs (benchmarks/README.md, many jobs).
+            pool = self.runtime.pool if pods else self.runtime.gang_pool
             try:
-                requeue = await loop.run_in_executor(self.runtime.pool, context.run, self.reconcile_once, pods)
+                requeue = await loop.run_in_executor(pool, context.run, self.reconcile_once, pods)
             except Exception:  # a bug, not an API error (those are reported by reconcile)
                 logger.exception("%s/%s: reconcile pass crashed", *self.key)
                 requeue = UNEXPECTED_ERROR_DELAY
@@ -147,7 +151,8 @@ class Runtime:
     def __init__(self) -> None:
         self.settings = OperatorSettings()
         self.kube: Any = None
-        self.pool: Optional[ThreadPoolExecutor] = None
+        self.pool: Optional[ThreadPoolExecutor] = None  # passes of jobs that have pods
+        self.gang_pool: Optional[ThreadPoolExecutor] = None  # passes of jobs that have none yet
         self.workers: dict[JobKey, JobWorker] = {}
         self._stopping: set[asyncio.Task] = set()  # asyncio keeps only weak references to tasks
 
@@ -155,6 +160,7 @@ class Runtime:
         self.settings = settings
         self.kube = connect(settings)
         self.pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-reconcile")
+        self.gang_pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-gang")
 
     def observe(self, event_type: Optional[str], body: Mapping[str, Any], pods: Mapping[JobKey, Any]) -> None:
         key, uid = job_key(body), (body.get("metadata") or {}).get("uid")
@@ -181,8 +187,9 @@ class Runtime:
     async def stop(self) -> None:
         workers, self.workers = list(self.workers.values()), {}
         await asyncio.gather(*(w.stop() for w in workers), *self._stopping, return_exceptions=True)
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self.pool, self.gang_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         if self.kube is not None:
             self.kube.close()
 

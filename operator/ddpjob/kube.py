@@ -89,8 +89,9 @@ class Kube:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
             config.load_kube_config(config_file=settings.kubeconfig, client_configuration=configuration)
-        # One connection per worker thread, or urllib3 discards and reopens connections.
-        configuration.connection_pool_maxsize = settings.create_workers + settings.reconcile_workers
+        # One connection per worker thread (pod requests, and the two pools of reconcile passes in
+        # handlers.Runtime), or urllib3 discards and reopens connections.
+        configuration.connection_pool_maxsize = settings.create_workers + 2 * settings.reconcile_workers
         return cls(client.ApiClient(configuration), settings)
 
     def close(self) -> None:

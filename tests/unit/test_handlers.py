@@ -458,3 +458,45 @@ def test_ddpjob_operator_runs_kopf_standalone_with_its_scope(monkeypatch, argv, 
         monkeypatch.setenv(key, value)
     assert handlers.main(argv) == 0
     assert calls == [dict(standalone=True, liveness_endpoint="http://0.0.0.0:8080/healthz", **expected)]
+
+
+def test_a_gang_being_created_does_not_hold_up_the_status_of_running_jobs():
+    """Passes that create a gang (a job without pods yet) may take seconds of POSTs on a busy
+    API server; they run on a pool of their own, so a running job's status write never queues
+    behind them (benchmarks/README.md, many jobs)."""
+    release = threading.Event()
+
+    class SlowCreates(FakeKube):
+        def __init__(self):
+            super().__init__()
+            self.written: list[tuple[str, str]] = []
+
+        def patch_status(self, namespace, name, status):
+            self.written.append((name, status["phase"]))
+            return super().patch_status(namespace, name, status)
+
+        def create_pods(self, pods):
+            release.wait(5)
+            return super().create_pods(pods)
+
+    def job(name: str) -> dict:
+        obj = body()
+        obj["metadata"].update(name=name, uid=f"uid-{name}")
+        return obj
+
+    async def scenario():
+        runtime, kube = handlers.Runtime(), SlowCreates()
+        runtime.start(OperatorSettings(coalesce_seconds=0.001, reconcile_workers=1), lambda settings: kube)
+        try:
+            runtime.observe(None, job("new"), {})  # its creation blocks the one gang thread
+            await _eventually(lambda: ("new", "Pending") in kube.written)
+            # a job that has pods: its pass (a status write) runs on the other pool meanwhile
+            pods = [view(r, owner_uid="uid-train", name=f"train-node-{r}") for r in (0, 1)]
+            runtime.observe(None, job("train"), {("ns", "train"): pods})
+            await _eventually(lambda: any(name == "train" for name, _ in kube.written))
+            assert not release.is_set() and "create_pods" not in kube.kinds()  # "new" still blocked
+        finally:
+            release.set()
+            await runtime.stop()
+
+    asyncio.run(scenario())

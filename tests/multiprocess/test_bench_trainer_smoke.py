@@ -1,0 +1,40 @@
+"""The trainer benchmarks still run: each one's ``--smoke`` mode trains for real (gloo ranks
+under torchrun), writes its results file with every figure, and its report formats it.
+
+No timing thresholds: benchmarks are not timed tests (benchmarks/README.md has the figures).
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+FIGURES = {
+    "trainer_scaling": ["1 rank x 1 thread.images_per_s", "1 rank x 2 threads.images_per_s",
+                        "2 ranks x 1 thread.images_per_s", "speedup_2_ranks", "efficiency_2_ranks"],
+    "trainer_vs_plain": ["plain.images_per_s", "trainer.images_per_s", "ratio", "window_ratio",
+                         "plain.cpu_s", "trainer.cpu_s", "cpu_ratio"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_trainer_benchmark_smoke_mode_writes_its_figures(name, tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS_DIR / f"{name}.py"), "--smoke", "--results-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    written = json.loads((tmp_path / f"{name}-smoke.json").read_text())
+    assert written["benchmark"] == name
+    assert written["command"].endswith(f"benchmarks/{name}.py --smoke --results-dir {tmp_path}")
+    figures = written["figures"]
+    assert sorted(figures) == sorted(FIGURES[name])
+    assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in figures.values()), figures
+    sys.path.insert(0, str(BENCHMARKS_DIR))
+    report = __import__(name).report(written)
+    assert "images/s" in report and report in proc.stdout
