@@ -50,6 +50,9 @@ APISERVER_METRICS = (
     "apiserver_flowcontrol_request_wait_duration_seconds_sum",
     "apiserver_flowcontrol_request_wait_duration_seconds_count",
     "apiserver_flowcontrol_rejected_requests_total",
+    "etcd_request_duration_seconds_sum", "etcd_request_duration_seconds_count",
+    "apiserver_admission_step_admission_duration_seconds_sum",
+    "apiserver_admission_step_admission_duration_seconds_count",
 )
 
 
@@ -66,9 +69,70 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--operator-env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra operator environment, e.g. DDPJOB_OPERATOR_CREATE_WORKERS=8")
     parser.add_argument("--pods-nice", type=int, default=0, metavar="N",
-                        help="run the node agent and its pods at this niceness (e.g. 19): on a real "
-                        "cluster the pods do not take the control plane's CPU (results get a -niceN suffix)")
+                        help="run the node agent and its pods at this niceness (e.g. 19; results get a -niceN "
+                        "suffix). Where the kernel groups processes by session for scheduling "
+                        "(/proc/sys/kernel/sched_autogroup_enabled = 1) it barely helps: each pod runs in a "
+                        "session of its own, and niceness does not count across groups; use --pods-cpu-limit")
+    parser.add_argument("--pods-cpu-limit", type=float, default=0, metavar="CORES",
+                        help="cap the node agent and its pods at this many cores (a cgroup CPU quota, which "
+                        "unlike nice also holds the kernel work the pods' setup does in their own context): "
+                        "on a real cluster the pods run on other machines (results get a -cpuN suffix)")
     return parser
+
+
+@contextlib.contextmanager
+def cpu_limited(pid: int, cores: float) -> Iterator[None]:
+    """Run ``pid`` (and every process it starts from now on) under a CPU quota of ``cores``,
+    in a cgroup of the v1 ``cpu`` controller (this machine's) or of cgroup v2; nothing if 0."""
+    if not cores:
+        yield
+        return
+    period_us = 100_000
+    quota_us = int(cores * period_us)
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    if (v1 / "cpu.cfs_quota_us").exists():
+        group = v1 / f"ddpjob-bench-{pid}"
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text(str(period_us))
+        (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+        root = v1
+    elif "cpu" in (v2 / "cgroup.subtree_control").read_text().split() if (v2 / "cgroup.subtree_control").exists() else False:
+        group = v2 / f"ddpjob-bench-{pid}"
+        group.mkdir()
+        (group / "cpu.max").write_text(f"{quota_us} {period_us}")
+        root = v2
+    else:
+        raise SystemExit("--pods-cpu-limit needs the cgroup cpu controller (v1 /sys/fs/cgroup/cpu, or v2 with "
+                         "cpu in /sys/fs/cgroup/cgroup.subtree_control)")
+    (group / "cgroup.procs").write_text(str(pid))
+    try:
+        yield
+    finally:
+        for task in (group / "cgroup.procs").read_text().split():  # whatever is left: back to the root
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(task)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def bed_setup(bed: "Bed", args: argparse.Namespace) -> dict[str, Any]:
+    """The test-bed settings a benchmark ran with, for its results' params (none of them when
+    it ran in the pytest session's test bed, which it does not set up)."""
+    if not bed.owns_operator:
+        return {"pods_nice": 0, "pods_cpu_limit": 0, "operator_env": {}}
+    return {"pods_nice": args.pods_nice, "pods_cpu_limit": args.pods_cpu_limit,
+            "operator_env": env_pairs(args.operator_env)}
+
+
+def bed_setup_text(params: dict[str, Any]) -> str:
+    """``params``' test-bed settings in words, "" for the defaults."""
+    parts = []
+    if params.get("pods_nice"):
+        parts.append(f"node agent and pods at nice {params['pods_nice']}")
+    if params.get("pods_cpu_limit"):
+        parts.append(f"node agent and pods capped at {params['pods_cpu_limit']:g} core(s)")
+    parts += [f"{k}={v}" for k, v in (params.get("operator_env") or {}).items()]
+    return ", ".join(parts)
 
 
 def env_pairs(pairs: Sequence[str]) -> dict[str, str]:
@@ -161,7 +225,8 @@ class Bed:
             bed = cls(testbed, kubectl, operator, owns_operator=True)
             if args.pods_nice:
                 bed.renice_node_agent(args.pods_nice)
-            yield bed
+            with cpu_limited(testbed.agent.pid, args.pods_cpu_limit):
+                yield bed
         finally:
             testbed.stop()
 
@@ -204,9 +269,9 @@ class Bed:
 
     def renice_node_agent(self, niceness: int) -> None:
         """Lower the CPU priority of the node agent and so of every pod it starts from now on
-        (niceness is per thread on Linux and inherited by new threads and processes). On a real
-        cluster the pods run on other machines than the API server; here they share its two
-        cores, and a 256-pod gang starting at once starves it."""
+        (niceness is per thread on Linux and inherited by new threads and processes). With
+        autogroup scheduling the pods, each in its own session, still get a full share each:
+        see --pods-cpu-limit (cpu_limited) for a cap that holds."""
         for task in Path(f"/proc/{self.testbed.agent.pid}/task").iterdir():
             try:
                 os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)

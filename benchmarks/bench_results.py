@@ -44,11 +44,11 @@ def command_line() -> str:
 
 def write_results(name: str, args: argparse.Namespace, machine: dict, results: dict,
                   command: str | None = None) -> Path:
-    """``<results dir>/<name>[-niceN][-smoke].json``: the command, the machine (with the load
+    """``<results dir>/<name>[-niceN][-cpuN][-smoke].json``: the command, the machine (with the load
     average now, at the end) and the results."""
     machine = {**machine, "loadavg_end": os.getloadavg()}
-    nice = getattr(args, "pods_nice", 0)
-    suffix = (f"-nice{nice}" if nice else "") + ("-smoke" if args.smoke else "")
+    nice, cores = getattr(args, "pods_nice", 0), getattr(args, "pods_cpu_limit", 0)
+    suffix = (f"-nice{nice}" if nice else "") + (f"-cpu{cores:g}" if cores else "") + ("-smoke" if args.smoke else "")
     path = Path(args.results_dir) / f"{name}{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "command": command or command_line(), "machine": machine, **results}

@@ -203,8 +203,9 @@ def status_latencies(pods: Sequence[PodObs], jobs: Sequence[JobObs],
     time until the DDPJob's status first lists that pod (same attempt) in that phase or a later
     one: the status has caught up with the change.
 
-    Returns ``latencies`` (seconds), ``overtaken`` (how many of them the status only showed as
-    a later phase: a pod that ran for less than the operator took to report it) and ``missed``
+    Returns ``latencies`` (seconds), ``matches`` (job, time of the change, time the status
+    showed it: one per latency), ``overtaken`` (how many of them the status only showed as a
+    later phase: a pod that ran for less than the operator took to report it) and ``missed``
     (changes the status never caught up with)."""
     by_job: dict[str, list[JobObs]] = {}
     for j in sorted(jobs, key=lambda j: j.t):
@@ -216,7 +217,7 @@ def status_latencies(pods: Sequence[PodObs], jobs: Sequence[JobObs],
             last_phase[p.uid] = p.phase
             if p.phase in phases:
                 changes.append(p)
-    latencies, overtaken, missed = [], 0, 0
+    latencies, matches, overtaken, missed = [], [], 0, 0
     for p in changes:
         # A pod instance moves through the phases in order, and its name is unique within an
         # attempt, so the first status listing (rank, name) for that attempt in this phase or a
@@ -235,8 +236,9 @@ def status_latencies(pods: Sequence[PodObs], jobs: Sequence[JobObs],
             missed += 1
             continue
         latencies.append(shown[0] - p.t)
+        matches.append((p.job, p.t, shown[0]))
         overtaken += shown[1] != p.phase
-    return {"latencies": latencies, "overtaken": overtaken, "missed": missed}
+    return {"latencies": latencies, "matches": matches, "overtaken": overtaken, "missed": missed}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +289,41 @@ def parse_audit(lines: Iterable[str], username: str) -> list[AuditRecord]:
             name=ref.get("name", ""), code=int((event.get("responseStatus") or {}).get("code") or 0),
             received=_epoch(event["requestReceivedTimestamp"]), completed=_epoch(event["stageTimestamp"])))
     return records
+
+
+STATUS_LATENCY_PARTS = {
+    "operator": "pod change -> the operator's status write reaches the API server",
+    "api": "the status write inside the API server",
+    "watch": "write done -> the DDPJob change reaches a watcher",
+}
+
+
+def status_latency_parts(matches: Iterable[tuple[str, float, float]],
+                         records: Iterable[AuditRecord]) -> dict[str, list[float]]:
+    """Each status latency (from status_latencies' ``matches``) split at the operator's status
+    write that carried it, the last one of that job completed by the time the status was seen
+    (audit log, same host clock):
+
+    * ``operator``: the change reaching the operator's watch, its coalescing window, waiting
+      for a reconcile thread, the pass and the request's way to the API server;
+    * ``api``: the write inside the API server (received -> response);
+    * ``watch``: the stored change reaching the benchmark's watch.
+
+    A change no recorded write precedes (the audit log was cut short) is left out."""
+    writes: dict[str, list[AuditRecord]] = {}
+    for r in sorted(records, key=lambda r: r.completed):
+        if r.key == "patch ddpjobs/status" and r.code < 300:
+            writes.setdefault(r.name, []).append(r)
+    parts: dict[str, list[float]] = {name: [] for name in STATUS_LATENCY_PARTS}
+    for job, changed, shown in matches:
+        carried = [w for w in writes.get(job, ()) if w.completed <= shown]
+        if not carried:
+            continue
+        write = carried[-1]
+        parts["operator"].append(write.received - changed)
+        parts["api"].append(write.completed - write.received)
+        parts["watch"].append(shown - write.completed)
+    return parts
 
 
 def count_requests(records: Iterable[AuditRecord]) -> dict[str, int]:

@@ -109,13 +109,28 @@ def apiserver_figures(before: dict, after: dict) -> dict[str, Any]:
             before, after, "apiserver_flowcontrol_request_wait_duration_seconds_sum",
             flow_schema="service-accounts") / waited
     figures["apf_rejected"] = metrics_delta(before, after, "apiserver_flowcontrol_rejected_requests_total")
+    # Where a POST's time goes inside the API server: its etcd write, and admission (every
+    # CREATE's, pods being nearly all of them during a gang); the rest is the handler chain
+    # itself (decoding, defaulting, validation, the response) and waiting for a CPU.
+    stored = metrics_delta(before, after, "etcd_request_duration_seconds_count", operation="create", resource="pods")
+    if stored:
+        figures["etcd_pod_create_mean_s"] = metrics_delta(
+            before, after, "etcd_request_duration_seconds_sum", operation="create", resource="pods") / stored
+    for step in ("admit", "validate"):
+        admitted = metrics_delta(before, after, "apiserver_admission_step_admission_duration_seconds_count",
+                                 operation="CREATE", type=step)
+        if admitted:
+            figures[f"admission_create_{step}_mean_s"] = metrics_delta(
+                before, after, "apiserver_admission_step_admission_duration_seconds_sum",
+                operation="CREATE", type=step) / admitted
     return figures
 
 
 SERIES = {"full": "to Succeeded", "pending": "creation only (pods left Pending)"}
 KEYS = ("to_first_created_s", "to_all_created_s", "to_last_post_done_s", "to_all_running_s",
         "to_succeeded_s", "status_latency_median_s", "post_span_s", "post_max_concurrency",
-        "post_mean_concurrency", "post_median_duration_s", "apiserver_pod_post_mean_s")
+        "post_mean_concurrency", "post_median_duration_s", "apiserver_pod_post_mean_s",
+        "etcd_pod_create_mean_s", "admission_create_admit_mean_s", "admission_create_validate_mean_s")
 
 
 def created_s(row: dict[str, Any]) -> float:
@@ -127,7 +142,6 @@ def created_s(row: dict[str, Any]) -> float:
 def run(bed: bc.Bed, args) -> dict[str, Any]:
     sizes, repeats = ([1, 4], 1) if args.smoke else (args.sizes, args.repeats)
     runs: dict[str, dict[int, list[dict]]] = {"full": {}, "pending": {}}
-    pods_nice = args.pods_nice if bed.owns_operator else 0
     bc.warm_up(bed)
     bc.settle()
     with bed.namespace("bench-gang") as ns, bc.Recorder(bed, ns) as rec:
@@ -164,7 +178,7 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
                                                  growth_exponents(ordered, values)))
     biggest = max(sizes)
     return {"params": {"sizes": sizes, "repeats": repeats, "command": bc.SLEEP_1,
-                       "target_created_s": TARGET_CREATED_S, "pods_nice": pods_nice},
+                       "target_created_s": TARGET_CREATED_S, **bc.bed_setup(bed, args)},
             "figures": figures, "summary": summary, "growth_exponents": growth,
             "target_met": {f"{biggest} pods created < {TARGET_CREATED_S:.0f} s ({series})":
                            summary[series][biggest]["created_s"] < TARGET_CREATED_S for series in summary},
@@ -172,9 +186,9 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
 
 
 def report(results: dict[str, Any]) -> str:
-    nice = results["params"].get("pods_nice")
+    setup = bc.bed_setup_text(results["params"])
     text = (f"Gang size: median of {results['params']['repeats']} run(s) per size; seconds from the "
-            + (f"DDPJob's creation; node agent and pods at nice {nice}. " if nice else "DDPJob's creation. ")
+            + (f"DDPJob's creation; {setup}. " if setup else "DDPJob's creation. ")
             + "'all created' = the last pod POST completed (audit log); 'seen' = "
             "when this process's watch had seen every pod.\n")
     for series, by_size in results["summary"].items():
@@ -193,6 +207,17 @@ def report(results: dict[str, Any]) -> str:
     for what, met in results["target_met"].items():
         text += f"\ntarget {what}: {'met' if met else 'MISSED'}"
     biggest = max(results["runs"]["full"], key=int)
+    for series in results["summary"]:
+        s = results["summary"][series][biggest]
+        each = ", ".join(f"{created_s(row):.2f}" for row in results["runs"][series][biggest])
+        text += f"\n\n{biggest} nodes, {SERIES[series]}: all created after {each} s in its runs"
+        if s.get("apiserver_pod_post_mean_s") is not None:
+            text += ("; inside the API server a pod POST took " + ", ".join(
+                f"{what} {s[key]:.4f} s" for what, key in (
+                    ("in all", "apiserver_pod_post_mean_s"), ("of it the etcd write", "etcd_pod_create_mean_s"),
+                    ("mutating admission", "admission_create_admit_mean_s"),
+                    ("validating admission", "admission_create_validate_mean_s")) if s.get(key) is not None)
+                + " (means; median of the runs)")
     for row in results["runs"]["full"][biggest][:1]:
         text += f"\n\nwhere the CPU went during the {biggest}-node run to Succeeded ({row['to_succeeded_s']:.1f} s):\n\n"
         text += table(["process", "CPU s"], cpu_rows(row["cpu_s"]))

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import bench_cluster as bc
-from bench_stats import gang_times, status_latencies, summarize, table
+from bench_stats import STATUS_LATENCY_PARTS, gang_times, status_latencies, status_latency_parts, summarize, table
 
 NAME = "operator_many_jobs"
 SMOKE_FIGURES = ["3.jobs_per_minute", "3.status_latency_s.median", "3.operator_cpu_s", "3.operator_peak_mib"]
@@ -44,6 +44,7 @@ def scenario(bed: bc.Bed, count: int, nnodes: int) -> dict[str, Any]:
     settled_s = bc.settle()  # the previous scenario's pods are torn down
     with bed.namespace(f"bench-many-{count}") as ns, bc.Recorder(bed, ns) as rec:
         names = [f"job-{i:03d}" for i in range(count)]
+        audit_offset = bed.audit_offset()
         cpu_before = bed.cpu_snapshot()
         started = time.time()
         create_s = bed.create_at_once([bc.ddpjob(name, ns, nnodes, bc.SLEEP_1) for name in names])
@@ -53,7 +54,9 @@ def scenario(bed: bc.Bed, count: int, nnodes: int) -> dict[str, Any]:
         failed = [n for n in names if rec.phase(n) != "Succeeded"]
         times = {n: gang_times(rec.pods, rec.jobs, n, nnodes) for n in names}
         latency = status_latencies(rec.pods, rec.jobs)
+        records = bed.audit_records(audit_offset, namespace=ns)
         bc.delete_jobs(bed, rec, timeout=900)
+    parts = status_latency_parts(latency["matches"], records or [])
     first_added = min(t["job_added"] for t in times.values())
     last_finished = max(t["job_finished"] for t in times.values())
     makespan = last_finished - first_added
@@ -66,6 +69,8 @@ def scenario(bed: bc.Bed, count: int, nnodes: int) -> dict[str, Any]:
         "job_to_finished_s": summarize(per_job), "job_to_all_running_s": summarize(to_running),
         "status_latency_s": summarize(latency["latencies"]), "status_changes_missed": latency["missed"],
         "status_changes_overtaken": latency["overtaken"],
+        "status_latency_parts_s": {name: summarize(values) for name, values in parts.items()},
+        "status_writes": sum(1 for r in records or [] if r.key == "patch ddpjobs/status"),
         "operator_cpu_s": cpu.get("operator"), "operator_cpu_ms_per_job": 1000 * cpu.get("operator", 0) / count,
         "operator_rss_before_mib": idle_memory["rss_mib"],
         "operator_peak_mib": memory["peak_mib"], "operator_rss_end_mib": memory["rss_mib"],
@@ -93,8 +98,7 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
         figures[f"{count}.operator_peak_mib"] = r["operator_peak_mib"]
     all_medians = [r["status_latency_s"]["median"] for r in scenarios.values() if r["status_latency_s"]["n"]]
     return {"params": {"counts": counts, "nnodes": nnodes, "command": bc.SLEEP_1,
-                       "pods_nice": args.pods_nice if bed.owns_operator else 0,
-                       "operator_env": bc.env_pairs(args.operator_env),
+                       **bc.bed_setup(bed, args),
                        "target_status_latency_s": TARGET_STATUS_LATENCY_S},
             "figures": figures,
             "target_met": {f"status latency median < {TARGET_STATUS_LATENCY_S:.0f} s (every count)":
@@ -113,14 +117,25 @@ def report(results: dict[str, Any]) -> str:
                      r["operator_cpu_s"], r["operator_cpu_ms_per_job"], r["operator_rss_before_mib"],
                      r["operator_peak_mib"],
                      r["cpu_s"].get("kube-apiserver"), r["cpu_s"].get("node-agent")))
-    setup = ", ".join(filter(None, [f"node agent and pods at nice {p['pods_nice']}" if p.get("pods_nice") else "",
-                                    " ".join(f"{k}={v}" for k, v in (p.get("operator_env") or {}).items())]))
+    setup = bc.bed_setup_text(p)
     text = (f"Many jobs: concurrent {p['nnodes']}-node jobs, created at once{f' ({setup})' if setup else ''}\n\n"
             + table(["jobs", "pods", "creating them s", "makespan s", "jobs/min", "job created->finished median s",
                      "status latency median s", "p95 s", "operator CPU s", "operator CPU ms/job",
                      "operator RSS before MiB", "operator peak MiB", "apiserver CPU s", "node agent CPU s"], rows))
     for what, met in results["target_met"].items():
         text += f"\n\ntarget {what}: {'met' if met else 'MISSED'}"
+    rows = []
+    for count in sorted(results["scenarios"], key=int):
+        r = results["scenarios"][count]
+        parts = r.get("status_latency_parts_s") or {}
+        if any(v.get("n") for v in parts.values()):
+            rows.append([count, r.get("status_writes")] + [
+                f"{parts[name]['median']:.3f} / {parts[name]['p95']:.3f}" if parts[name].get("n") else "-"
+                for name in STATUS_LATENCY_PARTS])
+    if rows:
+        text += ("\n\nWhere the status latency goes (median / p95 s), split at the status write that carried each "
+                 "change (audit log). The ends are when events reached this benchmark's watch: when that watch "
+                 "itself lags, the first part shrinks (below 0 even) and the last grows by as much.\n\n" + table(["jobs", "status writes"] + list(STATUS_LATENCY_PARTS.values()), rows))
     return text
 
 

@@ -32,7 +32,8 @@ def caption(data: dict) -> str:
     return f"{m['nproc']} CPUs, {m['memory_gib']} GiB, {m['date'][:10]}, load {m['loadavg_start'][0]:.1f}"
 
 
-def gang_size(data: dict, out: Path) -> None:
+def gang_size(data: dict, out: Path, capped: dict | None = None) -> None:
+    """``capped``: the same benchmark with the pods capped (--pods-cpu-limit), if recorded."""
     summary = data["summary"]
     sizes = sorted(int(s) for s in summary["full"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -43,6 +44,10 @@ def gang_size(data: dict, out: Path) -> None:
     ax.plot(sizes, series("pending", "created_s"), "o-", label="all pods created, pods left Pending")
     ax.plot(sizes, series("full", "created_s"), "s-", label="all pods created, pods starting meanwhile")
     ax.plot(sizes, series("full", "to_all_created_s"), "x:", label="... as a watch saw them")
+    if capped is not None:
+        cap = capped["params"].get("pods_cpu_limit")
+        ax.plot(sizes, [capped["summary"]["full"][str(n)]["created_s"] for n in sizes], "D-.",
+                label=f"all pods created, pods starting meanwhile, capped at {cap:g} core")
     ax.plot(sizes, series("full", "to_all_running_s"), "^-", label="all pods Running")
     ax.plot(sizes, series("full", "to_succeeded_s"), "v-", label="DDPJob Succeeded (pods sleep 1 s)")
     anchor = series("full", "to_succeeded_s")[-1]
@@ -90,7 +95,8 @@ def start_latency(data: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def many_jobs(data: dict, out: Path) -> None:
+def many_jobs(data: dict, out: Path, capped: dict | None = None) -> None:
+    """``capped``: the same benchmark with the pods capped (--pods-cpu-limit), if recorded."""
     scenarios = data["scenarios"]
     counts = sorted(int(c) for c in scenarios)
     s = [scenarios[str(c)] for c in counts]
@@ -99,6 +105,11 @@ def many_jobs(data: dict, out: Path) -> None:
     left.set(xscale="log", xlabel="concurrent 4-node jobs", ylabel="jobs finished per minute", title="Throughput")
     right.plot(counts, [x["status_latency_s"]["median"] for x in s], "o-", label="median")
     right.plot(counts, [x["status_latency_s"]["p95"] for x in s], "s--", label="p95")
+    if capped is not None:
+        cap = capped["params"].get("pods_cpu_limit")
+        c = [capped["scenarios"][str(n)]["status_latency_s"] for n in counts]
+        right.plot(counts, [x["median"] for x in c], "D-.", label=f"median, pods capped at {cap:g} core")
+        right.plot(counts, [x["p95"] for x in c], "v:", label=f"p95, pods capped at {cap:g} core")
     right.axhline(data["params"]["target_status_latency_s"], color="red", lw=0.8, ls="-.", label="target (median)")
     right.set(xscale="log", xlabel="concurrent 4-node jobs", ylabel="seconds",
               title="Pod phase change -> DDPJob status")
@@ -120,12 +131,16 @@ def main(argv=None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     plots = [("operator_gang_size", gang_size), ("operator_gang_size", gang_timeline),
              ("operator_start_latency", start_latency), ("operator_many_jobs", many_jobs)]
+    capped = {name: load(a.results_dir, f"{name}-cpu0.5") for name in ("operator_gang_size", "operator_many_jobs")}
     for name, plot in plots:
         data = load(a.results_dir, name)
         if data is None:
             print(f"skipped {plot.__name__}: no {name}.json")
             continue
-        plot(data, a.out)
+        if plot in (gang_size, many_jobs):
+            plot(data, a.out, capped[name])
+        else:
+            plot(data, a.out)
         print(f"wrote {plot.__name__}")
 
 

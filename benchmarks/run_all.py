@@ -1,6 +1,6 @@
 """Every benchmark in turn, then the plots: the figures of benchmarks/README.md.
 
-    python benchmarks/run_all.py                    # ~50 min on 2 cores
+    python benchmarks/run_all.py                    # ~30 min on 2 cores
     python benchmarks/run_all.py --quiet-load 1.0   # first wait until the 1-minute load < 1.0
     python benchmarks/run_all.py --only operator_recovery operator_api_cost
 
@@ -19,9 +19,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # Each run writes results/<name>[-niceN].json, quoted by the README (report.py --update-readme).
-RUNS = [("operator_start_latency", []), ("operator_gang_size", []), ("operator_gang_size", ["--pods-nice", "19"]),
-        ("operator_many_jobs", []), ("operator_many_jobs", ["--pods-nice", "19"]), ("operator_api_cost", []),
-        ("operator_recovery", []), ("trainer_scaling", []), ("trainer_vs_plain", [])]
+RUNS = [("operator_start_latency", []),
+        ("operator_gang_size", []), ("operator_gang_size", ["--pods-cpu-limit", "0.5"]),
+        ("operator_gang_size", ["--pods-nice", "19"]),
+        ("operator_many_jobs", []), ("operator_many_jobs", ["--pods-cpu-limit", "0.5"]),
+        ("operator_many_jobs", ["--pods-nice", "19"]),
+        ("operator_api_cost", []), ("operator_recovery", []), ("trainer_scaling", []), ("trainer_vs_plain", [])]
 BENCHMARKS = sorted({name for name, _ in RUNS})
 
 

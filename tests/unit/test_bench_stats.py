@@ -230,3 +230,31 @@ def test_profile_buckets_take_the_deepest_known_frame():
     ]
     assert bs.profile_buckets(collapsed) == {"json": 0.6, "urllib3": 0.3, "other": 0.1}
     assert bs.profile_buckets([]) == {}
+
+
+def _write(name: str, received: float, completed: float, code: int = 200) -> bs.AuditRecord:
+    return bs.AuditRecord("patch", "ddpjobs/status", "ns", name, code, received, completed)
+
+
+def test_status_latency_parts_split_at_the_write_that_carried_the_change():
+    matches = [("a", 10.0, 10.5),   # carried by the write done at 10.45 (not the earlier one)
+               ("b", 20.0, 20.3),   # b's only write
+               ("c", 30.0, 30.2)]   # no write of c recorded: left out
+    records = [_write("a", 9.0, 9.1), _write("a", 10.2, 10.45), _write("a", 10.6, 10.7),
+               _write("b", 20.1, 20.25), _write("b", 20.12, 20.28, code=409),
+               bs.AuditRecord("create", "pods", "ns", "c", 201, 29.0, 29.1)]
+
+    parts = bs.status_latency_parts(matches, records)
+
+    assert parts["operator"] == pytest.approx([0.2, 0.1])
+    assert parts["api"] == pytest.approx([0.25, 0.15])
+    assert parts["watch"] == pytest.approx([0.05, 0.05])
+    for i, (_, changed, shown) in enumerate(matches[:2]):  # the parts add up to the latency
+        assert sum(parts[k][i] for k in parts) == pytest.approx(shown - changed)
+
+
+def test_status_latencies_name_the_job_and_times_of_each_match():
+    pods, jobs = two_node_run()
+    result = bs.status_latencies(pods, jobs)
+    assert [shown - changed for _, changed, shown in result["matches"]] == pytest.approx(result["latencies"])
+    assert {job for job, _, _ in result["matches"]} == {"j"}
