@@ -90,13 +90,14 @@ def cpu_limited(pid: int, cores: float) -> Iterator[None]:
     period_us = 100_000
     quota_us = int(cores * period_us)
     v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    v2_controllers = (v2 / "cgroup.subtree_control").read_text().split() if (v2 / "cgroup.subtree_control").exists() else []
     if (v1 / "cpu.cfs_quota_us").exists():
         group = v1 / f"ddpjob-bench-{pid}"
         group.mkdir()
         (group / "cpu.cfs_period_us").write_text(str(period_us))
         (group / "cpu.cfs_quota_us").write_text(str(quota_us))
         root = v1
-    elif "cpu" in (v2 / "cgroup.subtree_control").read_text().split() if (v2 / "cgroup.subtree_control").exists() else False:
+    elif "cpu" in v2_controllers:
         group = v2 / f"ddpjob-bench-{pid}"
         group.mkdir()
         (group / "cpu.max").write_text(f"{quota_us} {period_us}")

@@ -143,7 +143,8 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
     sizes, repeats = ([1, 4], 1) if args.smoke else (args.sizes, args.repeats)
     runs: dict[str, dict[int, list[dict]]] = {"full": {}, "pending": {}}
     bc.warm_up(bed)
-    bc.settle()
+    settle = (lambda: 0.0) if args.smoke else bc.settle  # a smoke run checks figures exist, not their values
+    settle()
     with bed.namespace("bench-gang") as ns, bc.Recorder(bed, ns) as rec:
         for size in sizes:
             for series in ("pending", "full"):
@@ -157,7 +158,7 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
                           f"(watch {row['to_all_created_s']:.2f}s), Succeeded {row.get('to_succeeded_s', 0):.2f}s, "
                           f"POSTs in flight max {row.get('post_max_concurrency')}", file=sys.stderr, flush=True)
                     bc.delete_jobs(bed, rec, timeout=600)
-                    row["settled_after_s"] = bc.settle()
+                    row["settled_after_s"] = settle()
     summary: dict[str, dict[int, dict]] = {}
     figures: dict[str, float] = {}
     for series, by_size in runs.items():

@@ -36,12 +36,12 @@ def parser():
     return p
 
 
-def scenario(bed: bc.Bed, count: int, nnodes: int) -> dict[str, Any]:
+def scenario(bed: bc.Bed, count: int, nnodes: int, settle: bool = True) -> dict[str, Any]:
     restarted = bed.restart_operator()
     bc.warm_up(bed)
     pid = bed.operator_pid
     idle_memory = bc.proc_memory_mib(pid)  # after one job: the operator's resting size
-    settled_s = bc.settle()  # the previous scenario's pods are torn down
+    settled_s = bc.settle() if settle else 0.0  # the previous scenario's pods are torn down
     with bed.namespace(f"bench-many-{count}") as ns, bc.Recorder(bed, ns) as rec:
         names = [f"job-{i:03d}" for i in range(count)]
         audit_offset = bed.audit_offset()
@@ -82,7 +82,7 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
     counts, nnodes = ([1, 3], 2) if args.smoke else (args.counts, args.nnodes)
     scenarios = {}
     for count in counts:
-        result = scenario(bed, count, nnodes)
+        result = scenario(bed, count, nnodes, settle=not args.smoke)
         scenarios[count] = result
         print(f"{count} jobs: {result['jobs_per_minute']:.1f} jobs/min, status latency median "
               f"{result['status_latency_s'].get('median', float('nan')):.3f}s, operator CPU "
