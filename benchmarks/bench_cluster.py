@@ -27,7 +27,7 @@ for _path in (REPO / "tests", REPO / "benchmarks", REPO):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from bench_results import RESULTS_DIR, machine_info, write_results  # noqa: E402,F401
+from bench_results import RESULTS_DIR, machine_info, run_and_record, write_results  # noqa: E402,F401
 from bench_stats import (  # noqa: E402
     JobObs, PodObs, gang_times, job_obs, parse_audit, parse_metrics, pod_obs,
 )
@@ -538,9 +538,8 @@ def main(name: str, parser: Callable[[], argparse.ArgumentParser],
          run: Callable[[Bed, argparse.Namespace], dict], report: Callable[[dict], str], argv=None) -> None:
     """An operator benchmark's command: its own test bed and operator, its run, its tables
     printed and its results file written."""
-    args = parser().parse_args(argv)
-    machine = machine_info()
-    with Bed.local(args) as bed:
-        results = run(bed, args)
-    print(report(results))
-    print(f"results: {write_results(name, args, machine, results)}")
+    def run_in_own_bed(args: argparse.Namespace) -> dict:
+        with Bed.local(args) as bed:
+            return run(bed, args)
+
+    run_and_record(name, parser().parse_args(argv), run_in_own_bed, report)

@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -53,4 +53,16 @@ def write_results(name: str, args: argparse.Namespace, machine: dict, results: d
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "command": command or command_line(), "machine": machine, **results}
     path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    return path
+
+
+def run_and_record(name: str, args: argparse.Namespace, run: Callable[[argparse.Namespace], dict],
+                   report: Callable[[dict], str]) -> Path:
+    """A benchmark command's end: the machine as it was at the start, the run, its tables
+    printed and its results file written."""
+    machine = machine_info()
+    results = run(args)
+    print(report(results))
+    path = write_results(name, args, machine, results)
+    print(f"results: {path}")
     return path

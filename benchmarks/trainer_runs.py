@@ -10,6 +10,7 @@ measured too, since on a machine shared with other work they vary far less than 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -18,7 +19,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench_results import RESULTS_DIR  # the benchmarks folder is on sys.path, as for every benchmark
+
 REPO = Path(__file__).resolve().parents[1]
+SMOKE = {"steps": 4, "warmup": 2, "batch_size": 8, "log_every": 2, "repeats": 1}  # seconds: does it still run?
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,29 @@ class TimedRun:
     images_per_s: float  # between the stamps of step warmup and step total
     cpu_s: float  # every process of the run, start-up included
     window_images_per_s: list[float]  # each logged window after the warm-up
+
+
+def base_parser(description: str, steps: int, repeats: int) -> argparse.ArgumentParser:
+    """The options every trainer benchmark takes (each adds its own)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=steps, help="timed steps (a multiple of --log-every)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=repeats, help="alternating runs of each layout")
+    p.add_argument("--smoke", action="store_true", help="tiny run for CI (seconds)")
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    return p
+
+
+def settle_steps(a: argparse.Namespace) -> None:
+    """The tiny settings under --smoke; exit unless both step stamps will be logged."""
+    if a.smoke:
+        for key, value in SMOKE.items():
+            setattr(a, key, value)
+    if a.steps % a.log_every or a.warmup % a.log_every:
+        sys.exit("--steps and --warmup must be multiples of --log-every")
 
 
 def torchrun(nproc: int, *args: str) -> list[str]:

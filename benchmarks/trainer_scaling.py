@@ -47,24 +47,13 @@ def trainer_command(nproc: int, threads: int, a: argparse.Namespace, checkpoint_
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = trainer_runs.base_parser(__doc__.splitlines()[0], steps=60, repeats=3)
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--steps", type=int, default=60, help="timed steps (a multiple of --log-every)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
-    p.add_argument("--batch-size", type=int, default=64, help="per rank")
-    p.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--smoke", action="store_true", help="tiny run (seconds)")
-    p.add_argument("--results-dir", type=Path, default=bench_results.RESULTS_DIR)
     return p
 
 
 def run(a: argparse.Namespace) -> dict:
-    if a.smoke:
-        a.steps, a.warmup, a.batch_size, a.log_every, a.repeats = 4, 2, 8, 2, 1
-    if a.steps % a.log_every or a.warmup % a.log_every:
-        sys.exit("--steps and --warmup must be multiples of --log-every")
+    trainer_runs.settle_steps(a)
     ips: dict[str, list[float]] = {name: [] for name in LAYOUTS}
     cpu: dict[str, list[float]] = {name: [] for name in LAYOUTS}
     with tempfile.TemporaryDirectory(prefix="ddptrain-scaling-") as tmp:
@@ -101,11 +90,7 @@ def report(results: dict) -> str:
 
 
 def main(argv=None) -> None:
-    a = parser().parse_args(argv)
-    machine = bench_results.machine_info()
-    results = run(a)
-    print(report(results))
-    print(f"results: {bench_results.write_results(NAME, a, machine, results)}")
+    bench_results.run_and_record(NAME, parser().parse_args(argv), run, report)
 
 
 if __name__ == "__main__":

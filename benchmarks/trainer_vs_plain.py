@@ -82,26 +82,16 @@ def plain_worker(argv: list[str]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of --log-every)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
-    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p = trainer_runs.base_parser(__doc__.split("\n\n")[0], steps=40, repeats=4)
     p.add_argument("--nproc", type=int, default=2, help="gloo ranks")
-    p.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")
-    p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--checkpoint-every", type=int, default=30, help="the trainer's")
-    p.add_argument("--repeats", type=int, default=4, help="alternating runs of each")
-    p.add_argument("--smoke", action="store_true", help="tiny run for CI (seconds)")
-    p.add_argument("--results-dir", type=Path, default=bench_results.RESULTS_DIR)
     return p
 
 
 def run(a: argparse.Namespace) -> dict:
+    trainer_runs.settle_steps(a)
     if a.smoke:
-        a.steps, a.warmup, a.batch_size, a.log_every, a.checkpoint_every = 4, 2, 8, 2, 4
-        a.repeats = 1
-    if a.steps % a.log_every or a.warmup % a.log_every:
-        sys.exit("--steps and --warmup must be multiples of --log-every")
+        a.checkpoint_every = 4  # a save inside the tiny run too
     total = a.warmup + a.steps
     images_per_step = a.batch_size * a.nproc
     fake_size = total * images_per_step + images_per_step  # one epoch covers the run
@@ -162,11 +152,7 @@ def main(argv=None) -> None:
     if argv[:1] == ["--plain-worker"]:  # under torchrun: one rank of the plain loop
         plain_worker(argv[1:])
         return
-    a = parser().parse_args(argv)
-    machine = bench_results.machine_info()
-    results = run(a)
-    print(report(results))
-    print(f"results: {bench_results.write_results(NAME, a, machine, results)}")
+    bench_results.run_and_record(NAME, parser().parse_args(argv), run, report)
 
 
 if __name__ == "__main__":

@@ -175,23 +175,17 @@ class E2E:
         return json.loads(response.data)["items"]
 
     def pod(self, pod_name: str) -> Optional[dict]:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            response = self.core.read_namespaced_pod(pod_name, self.namespace,
-                                                     _preload_content=False)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return json.loads(response.data)
+        return self._read_or_none(self.core.read_namespaced_pod, pod_name)
 
     def service(self, name: str) -> Optional[dict]:
+        return self._read_or_none(self.core.read_namespaced_service, name)
+
+    def _read_or_none(self, read: Callable[..., Any], name: str) -> Optional[dict]:
+        """The object as JSON, or None when it does not exist (404)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            response = self.core.read_namespaced_service(name, self.namespace,
-                                                         _preload_content=False)
+            response = read(name, self.namespace, _preload_content=False)
         except ApiException as error:
             if error.status == 404:
                 return None
