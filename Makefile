@@ -1,5 +1,5 @@
 # One-line entry points; each calls a script under scripts/ that does the work.
-.PHONY: setup example test test-unit build-control-plane e2e-kind bench
+.PHONY: setup example test test-unit generate build-control-plane e2e-kind bench
 
 setup:            ## install the project with pinned dependencies
 	bash scripts/setup.sh
@@ -12,6 +12,9 @@ test:             ## every test tier this machine can run (what CI runs)
 
 test-unit: setup  ## the fast tier only
 	python3 -m pytest -m unit -q
+
+generate:         ## regenerate manifests/crd.yaml and docs/api.md from the API model
+	python3 -m ddpjob.api.generate
 
 build-control-plane:  ## build etcd + kube-apiserver/controller-manager/scheduler once (cached)
 	bash scripts/build-control-plane.sh

@@ -23,22 +23,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
-for _path in (REPO / "tests", REPO / "benchmarks", REPO):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
-from bench_results import RESULTS_DIR, machine_info, run_and_record, write_results  # noqa: E402,F401
-from bench_stats import (  # noqa: E402
+from benchmarks.bench_results import RESULTS_DIR, machine_info, run_and_record, write_results  # noqa: F401
+from benchmarks.bench_stats import (
     JobObs, PodObs, gang_times, job_obs, parse_audit, parse_metrics, pod_obs,
 )
-from cluster.kube import Kubectl  # noqa: E402
-from cluster.node_agent import NodeSpec  # noqa: E402
-from cluster.operator_runner import (  # noqa: E402
+from tests.testbed.kube import Kubectl
+from tests.testbed.node_agent import NodeSpec
+from tests.testbed.operator_runner import (
     OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, OperatorProcess, apply_manifests,
     operator_command, operator_environment, service_account_kubeconfig,
 )
-from cluster.rest import Informer, RestClient  # noqa: E402
-from cluster.testbed import LocalTestbed  # noqa: E402
+from tests.testbed.rest import Informer, RestClient
+from tests.testbed.testbed import LocalTestbed
 
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SERVICE_ACCOUNT}"
 API = "ddpjob.dev/v1alpha1"

@@ -39,7 +39,7 @@ def machine_info() -> dict[str, Any]:
 
 def command_line() -> str:
     """How this benchmark was started, as the README quotes it."""
-    return "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:])
+    return " ".join(["python", "-m", f"benchmarks.{Path(sys.argv[0]).stem}"] + sys.argv[1:])
 
 
 def write_results(name: str, args: argparse.Namespace, machine: dict, results: dict,

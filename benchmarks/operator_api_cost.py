@@ -3,8 +3,8 @@ API server's audit log (the test bed logs every request of the operator's Servic
 metadata only), and proof that it does not poll: the requests it makes while a job's pods
 just run.
 
-    python benchmarks/operator_api_cost.py              # jobs of 1 4 16 64 nodes; 30 s idle
-    python benchmarks/operator_api_cost.py --smoke      # 1 and 2 nodes; 3 s idle
+    python -m benchmarks.operator_api_cost              # jobs of 1 4 16 64 nodes; 30 s idle
+    python -m benchmarks.operator_api_cost --smoke      # 1 and 2 nodes; 3 s idle
 
 Each job runs in its own namespace (so its requests are those with that namespace), from
 creation to Succeeded and through its deletion. A least-squares fit of requests = a + b x nodes gives
@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
-import bench_cluster as bc
-from bench_stats import count_requests, linear_fit, table
+from benchmarks import bench_cluster as bc
+from benchmarks.bench_stats import count_requests, linear_fit, table
 
 NAME = "operator_api_cost"
 SMOKE_FIGURES = ["requests_per_job_fixed", "requests_per_pod", "idle_requests"]

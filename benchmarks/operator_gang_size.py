@@ -1,8 +1,8 @@
 """Gang size: one DDPJob of 1, 8, 64 and 256 nodes; time to all pods created and to
 Succeeded, how that grows with the gang, and proof that the pod creations overlap.
 
-    python benchmarks/operator_gang_size.py             # sizes 1 8 64 256, 3 runs each
-    python benchmarks/operator_gang_size.py --smoke     # sizes 1 and 4, one run each
+    python -m benchmarks.operator_gang_size             # sizes 1 8 64 256, 3 runs each
+    python -m benchmarks.operator_gang_size --smoke     # sizes 1 and 4, one run each
 
 Pods run ``python3 -c "import time; time.sleep(1)"``. The times come from this process's watch
 (t = 0: the DDPJob's ADDED event). The overlap comes from the API server's audit log: each of
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-import bench_cluster as bc
-from bench_stats import (
+from benchmarks import bench_cluster as bc
+from benchmarks.bench_stats import (
     gang_times, growth_exponents, max_concurrency, mean_concurrency, metrics_delta, percentile,
     profile_buckets, status_latencies, table,
 )

@@ -1,8 +1,8 @@
 """Many jobs: 1, 10, 50 and 100 concurrent 4-node DDPJobs; throughput (jobs finished per
 minute), status latency, and the operator's CPU time and peak memory.
 
-    python benchmarks/operator_many_jobs.py             # 1 10 50 100 jobs of 4 nodes
-    python benchmarks/operator_many_jobs.py --smoke     # 1 and 3 jobs of 2 nodes
+    python -m benchmarks.operator_many_jobs             # 1 10 50 100 jobs of 4 nodes
+    python -m benchmarks.operator_many_jobs --smoke     # 1 and 3 jobs of 2 nodes
 
 For each count the operator is restarted (so its peak memory, VmHWM, is this scenario's),
 every job is created at once (16 threads POSTing them, as many users would; one `kubectl
@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any
 
-import bench_cluster as bc
-from bench_stats import STATUS_LATENCY_PARTS, gang_times, status_latencies, status_latency_parts, summarize, table
+from benchmarks import bench_cluster as bc
+from benchmarks.bench_stats import STATUS_LATENCY_PARTS, gang_times, status_latencies, status_latency_parts, summarize, table
 
 NAME = "operator_many_jobs"
 SMOKE_FIGURES = ["3.jobs_per_minute", "3.status_latency_s.median", "3.operator_cpu_s", "3.operator_peak_mib"]

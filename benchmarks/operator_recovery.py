@@ -1,8 +1,8 @@
 """Recovery: time from a rank's death (its process SIGKILLed, exit 137: retryable) to the gang
 running again (every pod of attempt + 1 Running).
 
-    python benchmarks/operator_recovery.py              # 10 restarts of a 2-node job
-    python benchmarks/operator_recovery.py --smoke      # 1 restart
+    python -m benchmarks.operator_recovery              # 10 restarts of a 2-node job
+    python -m benchmarks.operator_recovery --smoke      # 1 restart
 
 One job with pods that sleep and a large restart budget; each round SIGKILLs every process in
 one rank's pod (the ranks take turns), as the OOM killer or a segfault would, and waits for the
@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-import bench_cluster as bc
-from bench_stats import count_requests, first_seen, summarize, table
+from benchmarks import bench_cluster as bc
+from benchmarks.bench_stats import count_requests, first_seen, summarize, table
 
 NAME = "operator_recovery"
 SMOKE_FIGURES = ["kill_to_all_running_s.median"]

@@ -1,8 +1,8 @@
 """Start latency: from `kubectl apply` of a DDPJob to every pod created, to every pod Running
 (as the node agent reports it), and from the last pod's exit to the DDPJob's Succeeded.
 
-    python benchmarks/operator_start_latency.py            # 20 runs of a 2-node job
-    python benchmarks/operator_start_latency.py --smoke    # 2 runs, for CI
+    python -m benchmarks.operator_start_latency            # 20 runs of a 2-node job
+    python -m benchmarks.operator_start_latency --smoke    # 2 runs, for CI
 
 Each run applies one job whose pods run ``python3 -c "import time; time.sleep(1)"``, waits for
 Succeeded, deletes it and waits for its pods to go, so runs never overlap. Times come from this
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import bench_cluster as bc
-from bench_stats import gang_times, status_latencies, summarize, table
+from benchmarks import bench_cluster as bc
+from benchmarks.bench_stats import gang_times, status_latencies, summarize, table
 
 NAME = "operator_start_latency"
 SMOKE_FIGURES = ["to_all_created_s.median", "to_all_running_s.median",

@@ -1,7 +1,7 @@
 """The PNG figures of benchmarks/README.md, from the JSON results under benchmarks/results/.
 
     pip install -c ci/constraints.txt -e '.[bench]'    # matplotlib
-    python benchmarks/plot_results.py                   # writes benchmarks/figures/*.png
+    python -m benchmarks.plot_results                   # writes benchmarks/figures/*.png
 
 Only the curves a table shows badly are plotted: how the gang's times grow with its size, how
 its pod creations overlap, the spread of start latencies, and the many-jobs curves. A results

@@ -1,10 +1,10 @@
 """The tables of every recorded benchmark, from benchmarks/results/*.json, each with the
 command and the machine it was measured on: what benchmarks/README.md quotes.
 
-    python benchmarks/report.py                   # print them all
-    python benchmarks/report.py --update-readme   # rewrite the README's generated blocks
-    python benchmarks/report.py --check-readme    # exit 1 if the README quotes other figures
-    python benchmarks/report.py --results-dir /tmp/results --smoke   # the *-smoke.json files
+    python -m benchmarks.report                   # print them all
+    python -m benchmarks.report --update-readme   # rewrite the README's generated blocks
+    python -m benchmarks.report --check-readme    # exit 1 if the README quotes other figures
+    python -m benchmarks.report --results-dir /tmp/results --smoke   # the *-smoke.json files
 
 The README's figures are never typed by hand: each block between
 ``<!-- report: NAME -->`` and ``<!-- /report -->`` is what this prints for results/NAME.json
@@ -37,9 +37,7 @@ def machine_line(data: dict) -> str:
 def section(path: Path) -> str:
     """One results file as the README quotes it: the command, the machine, the tables."""
     data = json.loads(path.read_text())
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    module = importlib.import_module(data["benchmark"])  # its report() formats its own results
+    module = importlib.import_module(f"benchmarks.{data['benchmark']}")  # its report() formats its own results
     return f"`{data['command']}`\n\n{machine_line(data)}\n\n{module.report(data)}\n"
 
 
@@ -72,7 +70,7 @@ def main(argv=None) -> int:
         current = README.read_text()
         updated = updated_readme(current, a.results_dir)
         if a.check_readme:
-            print("README up to date" if updated == current else "README out of date: python benchmarks/report.py --update-readme")
+            print("README up to date" if updated == current else "README out of date: python -m benchmarks.report --update-readme")
             return 0 if updated == current else 1
         README.write_text(updated)
         print(f"rewrote {len(BLOCK.findall(updated))} blocks of {README}")

@@ -1,8 +1,8 @@
 """Every benchmark in turn, then the plots: the figures of benchmarks/README.md.
 
-    python benchmarks/run_all.py                    # ~30 min on 2 cores
-    python benchmarks/run_all.py --quiet-load 1.0   # first wait until the 1-minute load < 1.0
-    python benchmarks/run_all.py --only operator_recovery operator_api_cost
+    python -m benchmarks.run_all                    # ~30 min on 2 cores
+    python -m benchmarks.run_all --quiet-load 1.0   # first wait until the 1-minute load < 1.0
+    python -m benchmarks.run_all --only operator_recovery operator_api_cost
 
 Each benchmark is its own command (see the README); this only chains them. The operator
 benchmarks need root and the control-plane binaries (as `pytest -m cluster` does); the trainer

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_results import RESULTS_DIR  # the benchmarks folder is on sys.path, as for every benchmark
+from benchmarks.bench_results import RESULTS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = {"steps": 4, "warmup": 2, "batch_size": 8, "log_every": 2, "repeats": 1}  # seconds: does it still run?

@@ -1,7 +1,7 @@
 """Trainer scaling on this machine's CPU cores: images/s with 1 rank and with 2 ranks (gloo).
 
-    python benchmarks/trainer_scaling.py              # the recorded figure (a few minutes)
-    python benchmarks/trainer_scaling.py --smoke      # seconds: does it still run?
+    python -m benchmarks.trainer_scaling              # the recorded figure (a few minutes)
+    python -m benchmarks.trainer_scaling --smoke      # seconds: does it still run?
 
 The trainer (ddptrain, ResNet-18 on 3x32x32 FakeData, batch 64 per rank, so the global batch
 grows with the ranks: weak scaling, as DDP is used) runs under torchrun in three layouts:
@@ -26,10 +26,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_results  # noqa: E402 (standard library only)
-import bench_stats  # noqa: E402 (pure)
-import trainer_runs  # noqa: E402 (standard library only)
+from benchmarks import bench_results
+from benchmarks import bench_stats
+from benchmarks import trainer_runs
 
 NAME = "trainer_scaling"
 LAYOUTS = {"1 rank x 1 thread": (1, 1), "1 rank x 2 threads": (1, 2), "2 ranks x 1 thread": (2, 1)}

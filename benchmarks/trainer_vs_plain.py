@@ -7,8 +7,8 @@ progress lines, the stop-flag agreement every step, checkpoints every ``--checkp
 steps. Both runs are timed the same way: wall-clock time stamps that global rank 0 prints at
 steps ``warmup`` and ``warmup + steps``; images/s = steps x batch x ranks / elapsed.
 
-    python benchmarks/trainer_vs_plain.py                 # the recorded figure (~5 min)
-    python benchmarks/trainer_vs_plain.py --smoke         # seconds: does everything still run?
+    python -m benchmarks.trainer_vs_plain                 # the recorded figure (~5 min)
+    python -m benchmarks.trainer_vs_plain --smoke         # seconds: does everything still run?
 
 ``--repeats`` alternates plain/trainer runs (AB BA AB BA ...) and reports the median of each,
 which evens out a machine whose load drifts. On a machine shared with other work wall-clock figures
@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_results  # noqa: E402 (standard library only)
-import bench_stats  # noqa: E402 (pure)
-import trainer_runs  # noqa: E402 (standard library only)
+from benchmarks import bench_results
+from benchmarks import bench_stats
+from benchmarks import trainer_runs
 
 NAME = "trainer_vs_plain"
 TARGET_RATIO = 0.97  # the trainer issue's: its extra work costs at most 3%

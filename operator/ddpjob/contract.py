@@ -29,16 +29,12 @@ import enum
 from typing import Mapping
 
 # ---------------------------------------------------------------------------------------------
-# Labels, names and defaults shared by the operator, `ddpjob render` and `ddpjob run`.
+# Version and defaults
 # ---------------------------------------------------------------------------------------------
-API_GROUP = "ddpjob.dev"
-API_VERSION = "v1alpha1"
-KIND = "DDPJob"
-PLURAL = "ddpjobs"
-
-LABEL_JOB_NAME = f"{API_GROUP}/job-name"
-LABEL_NODE_RANK = f"{API_GROUP}/node-rank"
-LABEL_RESTART_ATTEMPT = f"{API_GROUP}/restart-attempt"
+#: The version of this contract, set in every pod as DDPJOB_CONTRACT_VERSION. Bumped when a
+#: variable changes meaning or an exit code is added, so that an operator and a trainer image
+#: from different releases can tell (the pod entry point warns on a mismatch).
+CONTRACT_VERSION = "1"
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default; every pod has its own IP, so no clashes
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"  # the Kubernetes default terminationMessagePath
@@ -73,6 +69,7 @@ DDPJOB_RESTART_ATTEMPT = "DDPJOB_RESTART_ATTEMPT"
 DDPJOB_DEVICE = "DDPJOB_DEVICE"
 DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS = "DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS"
 DDPJOB_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"
+DDPJOB_CONTRACT_VERSION = "DDPJOB_CONTRACT_VERSION"
 
 # Names a user's `env` may not set: the operator owns them.
 RESERVED_ENV_NAMES = frozenset(
@@ -80,29 +77,10 @@ RESERVED_ENV_NAMES = frozenset(
         PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT,
         PET_MAX_RESTARTS, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK,
         LOCAL_WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE, DDPJOB_NAME, DDPJOB_NAMESPACE,
-        DDPJOB_RESTART_ATTEMPT, DDPJOB_DEVICE,
+        DDPJOB_RESTART_ATTEMPT, DDPJOB_DEVICE, DDPJOB_CONTRACT_VERSION,
     }
 )
 RESERVED_ENV_PREFIX = "PET_"
-
-
-def master_address(job_name: str, service_name: str, namespace: str) -> str:
-    """The DNS name of node 0: ``<pod hostname>.<headless service>.<namespace>.svc``.
-
-    Resolves through the cluster DNS because node 0's pod has ``hostname=<job>-node-0`` and
-    ``subdomain=<service>`` and the headless Service publishes not-ready addresses.
-    """
-    return f"{node_pod_name(job_name, 0)}.{service_name}.{namespace}.svc"
-
-
-def node_pod_name(job_name: str, node_rank: int) -> str:
-    """Deterministic pod name (and hostname) of one node of a job."""
-    return f"{job_name}-node-{node_rank}"
-
-
-def service_name(job_name: str) -> str:
-    """The headless Service of a job has the job's name."""
-    return job_name
 
 
 def node_environment(
@@ -146,6 +124,7 @@ def node_environment(
         DDPJOB_RESTART_ATTEMPT: str(restart_attempt),
         DDPJOB_DEVICE: device,
         DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS: str(rendezvous_timeout_seconds),
+        DDPJOB_CONTRACT_VERSION: CONTRACT_VERSION,
     }
     return env
 

@@ -16,18 +16,18 @@ from typing import Callable, Iterator
 
 import pytest
 
-from . import kind as kind_target
-from .kube import Kubectl, KubectlError, api_client_from_kubeconfig
-from .node_agent import NodeSpec
-from .operator_runner import (
+from tests.testbed import kind as kind_target
+from tests.testbed.kube import Kubectl, KubectlError, api_client_from_kubeconfig
+from tests.testbed.node_agent import NodeSpec
+from tests.testbed.operator_runner import (
     OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, OperatorProcess, apply_manifests,
     operator_command, operator_environment, render_manifests, service_account_kubeconfig,
 )
-from .processes import wait_for as _wait_for
-from .target import TARGET
-from .testbed import LocalTestbed, default_node_specs, wait_for_node_ready
+from tests.testbed.processes import wait_for as _wait_for
+from tests.testbed.target import TARGET
+from tests.testbed.testbed import LocalTestbed, default_node_specs, wait_for_node_ready
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -213,7 +213,7 @@ def start_operator(cluster: Cluster) -> Callable[..., OperatorProcess]:
             cluster.run_dir / f"{name}.kubeconfig", namespace, service_account)
         process = OperatorProcess(
             command or operator_command(), kubeconfig, cluster.run_dir / "logs" / f"{name}.log",
-            extra_pythonpath=str(TESTS_DIR), env=env,
+            extra_pythonpath=str(REPO_ROOT), env=env,
             register=testbed.extra_processes.append)
         return process.start()
 

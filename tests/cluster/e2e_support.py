@@ -31,14 +31,14 @@ from typing import Any, Callable, Iterable, Optional
 
 import pytest
 
-from ddpjob import contract
+from ddpjob.api import names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
-GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
-JOB_LABEL = contract.LABEL_JOB_NAME
-RANK_LABEL = contract.LABEL_NODE_RANK
-ATTEMPT_LABEL = contract.LABEL_RESTART_ATTEMPT
+GROUP, VERSION, PLURAL = names.API_GROUP, names.API_VERSION, names.PLURAL
+JOB_LABEL = names.LABEL_JOB_NAME
+RANK_LABEL = names.LABEL_NODE_RANK
+ATTEMPT_LABEL = names.LABEL_RESTART_ATTEMPT
 FINISHED = ("Succeeded", "Failed")
 
 # The tiny training the scenarios use: the trainer's small CNN on generated data, one thread
@@ -67,7 +67,7 @@ def ddpjob_manifest(name: str, image: str, *, nnodes: int = 2, command: Optional
     template = body.setdefault("template", {})
     template.setdefault("spec", {}).setdefault("terminationGracePeriodSeconds", 5)
     body.setdefault("startupTimeoutSeconds", 120)
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": contract.KIND,
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": names.KIND,
             "metadata": {"name": name}, "spec": body}
 
 
@@ -407,7 +407,7 @@ def kill_training_worker(e2e: E2E, job_name: str, node_rank: int) -> str:
         result = subprocess.run([sys.executable, "-c", KILL_WORKER_SCRIPT, *argv],
                                 capture_output=True, text=True, timeout=30)
     else:
-        pod = contract.node_pod_name(job_name, node_rank)
+        pod = names.node_pod_name(job_name, node_rank)
         result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod, "-c", "trainer", "--",
                                      "python", "-c", KILL_WORKER_SCRIPT, *argv, check=False)
     if result.returncode != 0:

@@ -1,7 +1,7 @@
 """Scenario 8 of issue 4: the API server itself refuses invalid DDPJobs, naming the field, and
 `ddpjob validate` gives the same verdicts.
 
-Every manifest of ``ddpjob.manifest_cases`` (the tables the unit tests check `ddpjob validate`
+Every manifest of ``tests.support.manifests`` (the tables the unit tests check `ddpjob validate`
 with) goes to the real API server with the CRD from manifests/ installed, as ``kubectl apply``
 sends it (strict field validation):
 
@@ -34,11 +34,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob import schema
-from ddpjob.manifest_cases import (NOT_SENDABLE, REJECTS, REJECTS_WHEN_STRICT, bad_manifest_table,
+from ddpjob.api import schema
+from tests.support.manifests import (NOT_SENDABLE, REJECTS, REJECTS_WHEN_STRICT, bad_manifest_table,
                                    good_manifest_table)
 
-from .operator_runner import apply_manifests
+from tests.testbed.operator_runner import apply_manifests
 
 pytestmark = pytest.mark.cluster
 

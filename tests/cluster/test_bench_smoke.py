@@ -8,14 +8,11 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-from .target import local_testbed_only
+from tests.testbed.target import local_testbed_only
 
-BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 OPERATOR_BENCHMARKS = ["operator_start_latency", "operator_gang_size", "operator_many_jobs",
                        "operator_api_cost", "operator_recovery"]
 
@@ -24,9 +21,7 @@ pytestmark = [pytest.mark.cluster, local_testbed_only]
 
 
 def _import(name: str):
-    if str(BENCHMARKS_DIR) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS_DIR))
-    return importlib.import_module(name)
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.mark.parametrize("name", OPERATOR_BENCHMARKS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from ddpjob import contract
+from ddpjob.api import names
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
     ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
@@ -44,7 +45,7 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_checkpoint(e2e, sh
 
     assert status["phase"] == "Succeeded", (status, seen)
     assert (status["restarts"], status["restartAttempt"]) == (1, 1), status
-    assert {p["metadata"]["labels"][contract.LABEL_RESTART_ATTEMPT]
+    assert {p["metadata"]["labels"][names.LABEL_RESTART_ATTEMPT]
             for p in e2e.pods(name)} == {"1"}, seen
     assert pods.attempts() == {0, 1}, seen
     assert pods.pods_per_rank(0) == pods.pods_per_rank(1) == {0: 1, 1: 1}, seen

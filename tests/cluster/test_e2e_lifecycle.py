@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from ddpjob import contract
+from ddpjob.api import names
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
     PodRecorder, ddpjob_manifest, e2e, gate_command, hostpath_volume, open_gate, parse_time,
@@ -64,7 +64,7 @@ def test_deleting_a_job_removes_its_pods_and_service(e2e, kubectl):
     for child in [service, *e2e.pods(name)]:
         owner, = child["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["uid"], owner["controller"]) == (
-            contract.KIND, job["metadata"]["uid"], True), child["metadata"]
+            names.KIND, job["metadata"]["uid"], True), child["metadata"]
 
     kubectl("delete", "ddpjob", name, "-n", e2e.namespace, "--wait=false")
     e2e.cluster.wait_for(lambda: e2e.job(name) is None, 30, "the DDPJob gone")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from .kube import KubectlError
-from .target import local_testbed_only
+from tests.testbed.kube import KubectlError
+from tests.testbed.target import local_testbed_only
 
 pytestmark = pytest.mark.cluster
 # Locally the image is ignored (the node agent runs the host's Python); on kind it must
@@ -454,7 +454,7 @@ def test_gpu_pod_waits_for_a_gpu_node(kubectl, namespace, wait_for, nodes):
 
 # -- an operator under its ServiceAccount's RBAC ---------------------------------------------
 DUMMY_COMMAND = ("{python} -m kopf run --all-namespaces --liveness={liveness} "
-                 "-m cluster.dummy_operator")
+                 "-m tests.testbed.dummy_operator")
 
 
 @local_testbed_only

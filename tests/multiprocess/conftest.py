@@ -18,6 +18,8 @@ from typing import Optional, Sequence
 
 import pytest
 
+from tests.support.datasets import write_mnist
+
 REPO = Path(__file__).resolve().parents[2]
 
 _DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -89,24 +91,6 @@ def wait_for_text(log: Path, needle: str, proc: subprocess.Popen, timeout: float
             break
         time.sleep(0.2)
     raise AssertionError(f"{needle!r} not seen in {log}:\n{log.read_text()[-4000:]}")
-
-
-def write_mnist(root: Path, n_train: int = 64, n_test: int = 16) -> Path:
-    """MNIST in its real on-disk format: big-endian idx files under <root>/MNIST/raw/."""
-    import numpy as np
-
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        labels = (np.arange(n) % 10).astype(np.uint8)
-        # magic: 0x0000 + type 0x08 (unsigned byte) + number of dimensions
-        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
-            np.array([0x0803, n, 28, 28], dtype=">u4").tobytes() + images.tobytes())
-        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
-            np.array([0x0801, n], dtype=">u4").tobytes() + labels.tobytes())
-    return root
 
 
 class _Helpers:

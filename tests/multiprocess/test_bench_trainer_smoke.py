@@ -5,6 +5,7 @@ No timing thresholds: benchmarks are not timed tests (benchmarks/README.md has t
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+REPO = Path(__file__).resolve().parents[2]
 
 FIGURES = {
     "trainer_scaling": ["1 rank x 1 thread.images_per_s", "1 rank x 2 threads.images_per_s",
@@ -25,16 +26,15 @@ FIGURES = {
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_trainer_benchmark_smoke_mode_writes_its_figures(name, tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCHMARKS_DIR / f"{name}.py"), "--smoke", "--results-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--smoke", "--results-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     written = json.loads((tmp_path / f"{name}-smoke.json").read_text())
     assert written["benchmark"] == name
-    assert written["command"].endswith(f"benchmarks/{name}.py --smoke --results-dir {tmp_path}")
+    assert written["command"] == f"python -m benchmarks.{name} --smoke --results-dir {tmp_path}"
     figures = written["figures"]
     assert sorted(figures) == sorted(FIGURES[name])
     assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in figures.values()), figures
-    sys.path.insert(0, str(BENCHMARKS_DIR))
-    report = __import__(name).report(written)
+    report = importlib.import_module(f"benchmarks.{name}").report(written)
     assert "images/s" in report and report in proc.stdout

@@ -64,7 +64,7 @@ def test_plain_env_script_example_trains_on_two_nodes():
 
 
 def local_gpu_count() -> int:
-    from ddpjob.local_plan import visible_gpu_ids
+    from ddpjob.local.plan import visible_gpu_ids
 
     return len(visible_gpu_ids(os.environ))
 

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import bench_cluster as bc  # noqa: E402
+from benchmarks import bench_cluster as bc
 
 
 def test_bed_setup_in_words():

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import bench_stats as bs  # noqa: E402
+from benchmarks import bench_stats as bs
 
 pytestmark = pytest.mark.unit
 

@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import pytest
 
-from ddpjob import builders, contract, spec
+from tests.support import jobs
+from ddpjob.controller import builders
+from ddpjob.api import names
+from ddpjob import contract
+from ddpjob.api import spec
 
 pytestmark = pytest.mark.unit
 
 
 def make_job(nnodes: int = 2, uid: str | None = "uid-1", template: spec.PodTemplate | None = None, **kw) -> spec.DDPJob:
-    return spec.DDPJob(name="train", namespace="team-a", uid=uid,
-                       spec=spec.DDPJobSpec(nnodes=nnodes, image="registry/trainer:1", template=template or spec.PodTemplate(), **kw))
+    return jobs.make_job(nnodes, namespace="team-a", uid=uid, image="registry/trainer:1",
+                         template=template or spec.PodTemplate(), **kw)
 
 
 def env_of(pod: dict) -> dict[str, str]:
@@ -51,11 +55,11 @@ def test_owner_reference_makes_children_garbage_collected():
 
 
 def test_labels_and_annotations():
-    template = spec.PodTemplate(metadata=spec.PodMetadata(labels={"team": "ml", contract.LABEL_NODE_RANK: "bogus"},
+    template = spec.PodTemplate(metadata=spec.PodMetadata(labels={"team": "ml", names.LABEL_NODE_RANK: "bogus"},
                                                           annotations={"a": "b"}))
     meta = builders.build_pod(make_job(template=template), 1, 3)["metadata"]
-    assert meta["labels"] == {"team": "ml", contract.LABEL_JOB_NAME: "train", contract.LABEL_NODE_RANK: "1",
-                              contract.LABEL_RESTART_ATTEMPT: "3"}  # ours win
+    assert meta["labels"] == {"team": "ml", names.LABEL_JOB_NAME: "train", names.LABEL_NODE_RANK: "1",
+                              names.LABEL_RESTART_ATTEMPT: "3"}  # ours win
     assert meta["annotations"] == {"a": "b"}
 
 
@@ -135,7 +139,7 @@ def test_headless_service_publishes_not_ready_addresses():
     svc = builders.build_service(make_job(masterPort=23456))
     assert svc["metadata"]["name"] == "train" and svc["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert svc["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True,
-                           "selector": {contract.LABEL_JOB_NAME: "train"},
+                           "selector": {names.LABEL_JOB_NAME: "train"},
                            "ports": [{"name": "rendezvous", "port": 23456, "targetPort": 23456, "protocol": "TCP"}]}
     pod_env = env_of(builders.build_pod(make_job(masterPort=23456), 1, 0))
     assert pod_env["MASTER_ADDR"] == "train-node-0.train.team-a.svc" and pod_env["MASTER_PORT"] == "23456"

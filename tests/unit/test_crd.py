@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob import crd, schema, spec
-from ddpjob.manifest_cases import bad_manifest_table, good_manifest_table
+from ddpjob.api import crd, docs
+from ddpjob.api import schema
+from ddpjob.api import spec
+from ddpjob.api.status import PHASES, Condition, FailedNode, JobStatus, NodeState
+from tests.support.manifests import bad_manifest_table, good_manifest_table
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-REGENERATE = "regenerate with: python -m ddpjob.crd > manifests/crd.yaml && " \
-             "python -m ddpjob.crd --markdown > docs/api.md"
+REGENERATE = "regenerate with: make generate"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -27,14 +29,36 @@ def test_committed_crd_is_generated_from_the_model():
 
 
 def test_committed_api_doc_is_generated_from_the_model():
-    assert (ROOT / "docs" / "api.md").read_text() == crd.api_markdown(), REGENERATE
+    assert (ROOT / "docs" / "api.md").read_text() == docs.api_markdown(), REGENERATE
 
 
-def test_module_entry_points_print_them():
-    run = [sys.executable, "-m", "ddpjob.crd"]
-    assert subprocess.run(run, capture_output=True, text=True, check=True).stdout == crd.crd_yaml()
-    assert subprocess.run(run + ["--markdown"], capture_output=True, text=True,
-                          check=True).stdout == crd.api_markdown()
+def test_make_generate_writes_every_generated_file_and_check_reports_stale_ones(tmp_path):
+    run = [sys.executable, "-m", "ddpjob.api.generate", "--root", str(tmp_path)]
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "api.md").write_text("edited by hand\n")
+    stale = subprocess.run(run + ["--check"], capture_output=True, text=True)
+    assert stale.returncode == 1 and "docs/api.md is stale" in stale.stderr
+    assert "manifests/crd.yaml is stale" in stale.stderr
+    subprocess.run(run, capture_output=True, text=True, check=True)
+    assert (tmp_path / "manifests" / "crd.yaml").read_text() == crd.crd_yaml()
+    assert (tmp_path / "docs" / "api.md").read_text() == docs.api_markdown()
+    assert subprocess.run(run + ["--check"], capture_output=True, text=True).returncode == 0
+
+
+def test_the_status_schema_is_generated_from_the_status_model():
+    """One source for the status: every field to_dict writes is declared, and nothing else."""
+    full = JobStatus(phase="Running", reason="R", message="m", startTime="t", completionTime="t",
+                     observedGeneration=1, failedNode=FailedNode(0, "p", 1, "Error", "m"),
+                     nodes=(NodeState(0, "p", "Running", True, 0, "r", "m", "n"),),
+                     conditions=(Condition("Running", "True", "R", "m", "t"),))
+    written = full.to_dict()
+    props = schema.status_schema()["properties"]
+    assert list(written) == list(props)
+    assert list(written["failedNode"]) == list(props["failedNode"]["properties"])
+    assert list(written["nodes"][0]) == list(props["nodes"]["items"]["properties"])
+    assert list(written["conditions"][0]) == list(props["conditions"]["items"]["properties"])
+    assert props["phase"]["enum"] == list(PHASES)
 
 
 def test_crd_yaml_has_no_aliases_and_loads_back():
@@ -67,7 +91,7 @@ def test_printer_columns_read_status_fields_not_conditions():
 
 
 def test_status_schema_is_the_one_in_the_design_notes():
-    status = crd.status_schema()
+    status = schema.status_schema()
     props = status["properties"]
     assert list(props) == ["phase", "reason", "message", "ready", "readyNodes", "nnodes", "restarts",
                            "restartAttempt", "startTime", "completionTime", "observedGeneration",

@@ -6,31 +6,24 @@ import datetime as dt
 
 import pytest
 
-from ddpjob import spec
-from ddpjob.decide import PodView, decide, decide_invalid, refuse_creation, view_pod
-from ddpjob.status import CREATED, JobStatus, NodeState, format_time, with_phase
+from ddpjob.api import spec
+from ddpjob.controller.decide import PodView, decide, decide_invalid, refuse_creation, view_pod
+from tests.support.jobs import UID, make_job, pod_view
+from ddpjob.api.status import CREATED, JobStatus, NodeState
+from ddpjob.controller.status import format_time, with_phase
 
 pytestmark = pytest.mark.unit
 
 NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
-UID = "uid-job"
 
 
 def ago(seconds: float) -> dt.datetime:
     return NOW - dt.timedelta(seconds=seconds)
 
 
-def make_job(nnodes: int = 2, **overrides) -> spec.DDPJob:
-    policy = overrides.pop("failurePolicy", spec.FailurePolicy())
-    return spec.DDPJob(name="train", namespace="ns", uid=UID,
-                       spec=spec.DDPJobSpec(nnodes=nnodes, image="img", failurePolicy=policy, **overrides))
-
-
 def pod(rank: int, phase: str = "Running", attempt: int = 0, **kw) -> PodView:
-    defaults = dict(name=f"train-node-{rank}", uid=f"uid-{attempt}-{rank}", node_rank=rank, attempt=attempt,
-                    owner_uid=UID, phase=phase, running=phase == "Running", created_at=ago(30))
-    defaults.update(kw)
-    return PodView(**defaults)
+    kw.setdefault("created_at", ago(30))
+    return pod_view(rank, phase, attempt, **kw)
 
 
 def failed(rank: int, code, attempt: int = 0, at: float = 5, reason: str = "Error", **kw) -> PodView:

@@ -9,16 +9,17 @@ import threading
 import kopf
 import pytest
 
-from ddpjob import contract, handlers, spec
-from ddpjob.decide import PodView
-from ddpjob.kube import ApiError, CreateOutcome, DeleteOutcome
-from ddpjob.reconcile import JobMemory, reconcile
-from ddpjob.settings import OperatorSettings, load_settings
-from ddpjob.status import JobStatus
+from ddpjob.api import names
+from ddpjob.controller import handlers, workqueue
+from ddpjob.api import spec
+from tests.support.jobs import UID, pod_view
+from ddpjob.controller.kube import ApiError, CreateOutcome, DeleteOutcome
+from ddpjob.controller.reconcile import JobMemory, reconcile
+from ddpjob.controller.settings import OperatorSettings, load_settings
+from ddpjob.api.status import JobStatus
 
 pytestmark = pytest.mark.unit
 
-UID = "uid-job"
 NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 SETTINGS = OperatorSettings(coalesce_seconds=0.001)
 
@@ -43,11 +44,7 @@ def parse(obj: dict) -> spec.DDPJob:
     return spec.DDPJob(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid"), spec=spec.DDPJobSpec(**fields))
 
 
-def view(rank: int, phase: str = "Running", attempt: int = 0, **kw) -> PodView:
-    defaults = dict(name=f"train-node-{rank}", uid=f"uid-{attempt}-{rank}", node_rank=rank, attempt=attempt,
-                    owner_uid=UID, phase=phase, running=phase == "Running")
-    defaults.update(kw)
-    return PodView(**defaults)
+view = pod_view
 
 
 class FakeKube:
@@ -228,7 +225,7 @@ def test_a_job_being_deleted_is_left_to_the_garbage_collector():
 
 
 def test_the_real_parser_is_used_by_default():
-    schema = pytest.importorskip("ddpjob.schema")
+    from ddpjob.api import schema
     kube, memory = FakeKube(), JobMemory()
     reconcile(body(), [], memory, kube=kube, settings=SETTINGS, post_event=lambda e: None, now=NOW)
     assert kube.kinds()[-1] == "create_pods"
@@ -254,13 +251,13 @@ def test_kopf_state_lives_under_the_project_group_and_only_our_pods_are_watched(
     assert settings.persistence.diffbase_storage.prefix == "ddpjob.dev"
     assert settings.persistence.diffbase_storage.key == "last-handled-configuration"
     from kopf._cogs.structs.references import Resource
-    assert list(settings.watching.label_selectors.collect(Resource("", "v1", "pods"))) == [contract.LABEL_JOB_NAME]
+    assert list(settings.watching.label_selectors.collect(Resource("", "v1", "pods"))) == [names.LABEL_JOB_NAME]
 
 
 def pod_body(rank="1", attempt="0", phase="Running"):
     return {"metadata": {"name": f"train-node-{rank}", "namespace": "ns", "uid": f"u{rank}",
-                         "labels": {contract.LABEL_JOB_NAME: "train", contract.LABEL_NODE_RANK: rank,
-                                    contract.LABEL_RESTART_ATTEMPT: attempt},
+                         "labels": {names.LABEL_JOB_NAME: "train", names.LABEL_NODE_RANK: rank,
+                                    names.LABEL_RESTART_ATTEMPT: attempt},
                          "ownerReferences": [{"kind": "DDPJob", "uid": UID, "controller": True}]},
             "status": {"phase": phase}}
 
@@ -288,7 +285,7 @@ async def _eventually(predicate, timeout=2.0):
 
 def test_workers_react_to_pod_events_and_stop_with_the_job():
     async def scenario():
-        runtime, kube, index = handlers.Runtime(), FakeKube(), {}
+        runtime, kube, index = workqueue.Runtime(), FakeKube(), {}
         runtime.start(SETTINGS, lambda settings: kube)
         handlers.RUNTIME, saved = runtime, handlers.RUNTIME
         try:
@@ -321,7 +318,7 @@ def test_workers_react_to_pod_events_and_stop_with_the_job():
 
 def test_a_recreated_job_of_the_same_name_gets_a_fresh_worker():
     async def scenario():
-        runtime, kube = handlers.Runtime(), FakeKube()
+        runtime, kube = workqueue.Runtime(), FakeKube()
         runtime.start(SETTINGS, lambda settings: kube)
         try:
             runtime.observe(None, body(), {})
@@ -339,7 +336,7 @@ def test_a_recreated_job_of_the_same_name_gets_a_fresh_worker():
 
 def test_a_clock_wakes_the_worker_without_any_event():
     async def scenario():
-        runtime, kube = handlers.Runtime(), FakeKube()
+        runtime, kube = workqueue.Runtime(), FakeKube()
         runtime.start(SETTINGS, lambda settings: kube)
         try:
             index = {}
@@ -396,7 +393,7 @@ class FakeApiClient:
 
 
 def test_kube_creates_pods_concurrently_and_treats_already_exists_as_created():
-    from ddpjob.kube import Kube
+    from ddpjob.controller.kube import Kube
     api = FakeApiClient(existing={"p1"})
     kube = Kube(api, SETTINGS)
     pods = [{"metadata": {"name": n, "namespace": "ns"}} for n in ("p0", "p1", "refused")]
@@ -409,7 +406,7 @@ def test_kube_creates_pods_concurrently_and_treats_already_exists_as_created():
 
 
 def test_kube_deletes_with_a_uid_precondition_and_reads_404_as_gone():
-    from ddpjob.kube import Kube
+    from ddpjob.controller.kube import Kube
     api = FakeApiClient(missing={"gone"})
     kube = Kube(api, SETTINGS)
     outcomes = kube.delete_pods("ns", [("alive", "u1"), ("gone", "u2")])
@@ -420,7 +417,7 @@ def test_kube_deletes_with_a_uid_precondition_and_reads_404_as_gone():
 
 
 def test_kube_patches_the_status_subresource_with_a_merge_patch():
-    from ddpjob.kube import Kube
+    from ddpjob.controller.kube import Kube
     api = FakeApiClient()
     Kube(api, SETTINGS).patch_status("ns", "train", {"phase": "Running"})
     method, url, content_type, body, _ = api.requests[0]
@@ -485,7 +482,7 @@ def test_a_gang_being_created_does_not_hold_up_the_status_of_running_jobs():
         return obj
 
     async def scenario():
-        runtime, kube = handlers.Runtime(), SlowCreates()
+        runtime, kube = workqueue.Runtime(), SlowCreates()
         runtime.start(OperatorSettings(coalesce_seconds=0.001, reconcile_workers=1), lambda settings: kube)
         try:
             runtime.observe(None, job("new"), {})  # its creation blocks the one gang thread

@@ -15,21 +15,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob import contract, localrun, spec
-from ddpjob.local_plan import (LocalRunError, LocalSetup, check_gpus, expand_references, job_environment,
+from tests.support import jobs
+from ddpjob import contract
+from ddpjob.api.loader import ManifestError, load_one_ddpjob
+from ddpjob.cli import run as cli_run
+from ddpjob.local import runner as localrun
+from ddpjob.api import spec
+from ddpjob.local.plan import (LocalRunError, LocalSetup, check_gpus, expand_references, job_environment,
                                node_command, process_environment, reserve_free_port, visible_gpu_ids)
-from ddpjob.local_supervisor import GangOutcome, exit_code_of
-from ddpjob.local_volumes import LocalMount, materialise_mounts, rewrite_mount_paths
+from ddpjob.local.supervisor import GangOutcome, exit_code_of
+from ddpjob.local.volumes import LocalMount, materialise_mounts, rewrite_mount_paths
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_job(**spec_fields) -> spec.DDPJob:
-    spec_fields.setdefault("nnodes", 2)
+def make_job(nnodes: int = 2, **spec_fields) -> spec.DDPJob:
     spec_fields.setdefault("image", "local")
-    return spec.DDPJob(name="demo", namespace="team-a", uid=None, spec=spec.DDPJobSpec(**spec_fields))
+    return jobs.make_job(nnodes, name="demo", namespace="team-a", uid=None, **spec_fields)
 
 
 def env_for(job: spec.DDPJob, rank: int = 0, *, setup: LocalSetup | None = None, environ=None, port=40000,
@@ -267,7 +271,7 @@ def write_manifest(tmp_path: Path, job_spec: dict, *extra: dict, name="demo") ->
 
 def run_cli(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="ddpjob")
-    localrun.add_parser(parser.add_subparsers(dest="command", required=True))
+    cli_run.add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["run", *argv])
     return args.handler(args)
 
@@ -275,28 +279,31 @@ def run_cli(*argv: str) -> int:
 def test_load_manifest_returns_the_job_and_the_configmaps_beside_it(tmp_path):
     configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "code"}, "data": {"a": "b"}}
     path = write_manifest(tmp_path, {"nnodes": 2, "image": "i"}, configmap)
-    job, configmaps = localrun.load_manifest(str(path))
-    assert (job.name, job.spec.nnodes, list(configmaps)) == ("demo", 2, ["code"])
+    manifest = load_one_ddpjob(str(path))
+    assert (manifest.job.name, manifest.job.spec.nnodes, list(manifest.configmaps)) == ("demo", 2, ["code"])
+
+
+GOOD = "apiVersion: ddpjob.dev/v1alpha1\nkind: DDPJob\nmetadata: {name: %s}\nspec: {nnodes: 1, image: i}\n"
 
 
 @pytest.mark.parametrize("content, message", [
-    ("", "expected exactly one DDPJob, found nothing"),
-    ("kind: ConfigMap\nmetadata: {name: a}\n", "expected exactly one DDPJob, found ConfigMap"),
-    ("kind: DDPJob\n---\nkind: DDPJob\n", "expected exactly one DDPJob, found DDPJob, DDPJob"),
-    ("a: [1,\n", "not valid YAML"),
+    ("", "empty: no YAML document in the file"),
+    ("kind: ConfigMap\nmetadata: {name: a}\n", "no DDPJob in the file (found: ConfigMap/a)"),
+    (GOOD % "a" + "---\n" + GOOD % "b", "expected exactly one DDPJob, found 2 (a, b)"),
+    ("a: [1,\n", "invalid YAML"),
     ("apiVersion: ddpjob.dev/v1alpha1\nkind: DDPJob\nmetadata: {name: x}\nspec: {nnodes: 0, image: i}\n",
-     "invalid DDPJob:\n  spec.nnodes: "),
+     "DDPJob/x: spec.nnodes: "),
 ])
 def test_load_manifest_errors_are_clear(tmp_path, content, message):
     path = tmp_path / "job.yaml"
     path.write_text(content)
-    with pytest.raises(LocalRunError, match=message.replace("[", r"\[")):
-        localrun.load_manifest(str(path))
+    with pytest.raises(ManifestError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        load_one_ddpjob(str(path))
 
 
 def test_run_command_reports_errors_with_exit_2(tmp_path, capsys):
     assert run_cli("-f", str(tmp_path / "missing.yaml")) == 2
-    assert "No such file" in capsys.readouterr().err
+    assert "missing.yaml: no such file" in capsys.readouterr().err
     manifest = write_manifest(tmp_path, {"nnodes": 1, "image": "i"})
     assert run_cli("-f", str(manifest), "--workdir", str(tmp_path / "nope")) == 2
     assert "not a directory" in capsys.readouterr().err
@@ -329,7 +336,8 @@ def test_example_configmap_holds_the_example_script_verbatim():
 
 
 def test_example_plain_env_job_is_valid_and_mounts_its_configmap():
-    job, configmaps = localrun.load_manifest(str(ROOT / "examples/ddpjob-plain-env.yaml"))
+    manifest = load_one_ddpjob(str(ROOT / "examples/ddpjob-plain-env.yaml"))
+    job, configmaps = manifest.job, manifest.configmaps
     assert job.spec.nprocPerNode == 1 and job.spec.command[0] == "python"
     volume = job.spec.template.spec.volumes[0]
     assert volume["configMap"]["name"] in configmaps
@@ -338,8 +346,8 @@ def test_example_plain_env_job_is_valid_and_mounts_its_configmap():
 def test_the_ddpjob_package_never_imports_torch():
     code = textwrap.dedent("""
         import sys
-        import ddpjob.localrun, ddpjob.local_plan, ddpjob.local_supervisor, ddpjob.local_volumes
-        import ddpjob.schema  # what `ddpjob run` loads the file with
+        import ddpjob.local.runner, ddpjob.local.plan, ddpjob.local.supervisor, ddpjob.local.volumes
+        import ddpjob.api.schema  # what `ddpjob run` loads the file with
         from ddpjob.cli import build_parser
         build_parser()  # imports every subcommand's module
         leaked = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))

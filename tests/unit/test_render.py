@@ -8,7 +8,9 @@ import textwrap
 import pytest
 import yaml
 
-from ddpjob import builders, cli_render, spec
+from ddpjob.controller import builders
+from ddpjob.cli import render as cli_render
+from ddpjob.api import spec
 
 pytestmark = pytest.mark.unit
 
@@ -46,27 +48,24 @@ def test_render_yaml_round_trips():
 
 
 def test_render_a_file(tmp_path):
-    pytest.importorskip("ddpjob.cli_validate")
     code, out, err = render(tmp_path, MANIFEST, "-n", "team-a")
     assert code == 0, err
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == ["Service", "Pod", "Pod", "Pod"]
     assert [d["metadata"]["name"] for d in docs] == ["demo", "demo-node-0", "demo-node-1", "demo-node-2"]
-    from ddpjob import schema
+    from ddpjob.api import schema
     job = schema.parse_ddpjob(yaml.safe_load(MANIFEST), default_namespace="team-a")
     assert docs == cli_render.render_objects(job)  # what the operator would create, exactly
     assert all("ownerReferences" not in d["metadata"] for d in docs)  # no uid before kubectl apply
 
 
 def test_render_refuses_an_invalid_file(tmp_path):
-    pytest.importorskip("ddpjob.cli_validate")
     code, out, err = render(tmp_path, MANIFEST.replace("nnodes: 3", "nnodes: 0"))
     assert code == 2 and out == "" and "spec.nnodes" in err
 
 
 @pytest.mark.parametrize("example", ["examples/ddpjob.yaml", "examples/ddpjob-gpu.yaml", "examples/ddpjob-user-script.yaml"])
 def test_the_examples_render(example):
-    pytest.importorskip("ddpjob.cli_validate")
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / example
     parser = argparse.ArgumentParser()

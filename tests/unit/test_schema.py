@@ -1,4 +1,4 @@
-"""ddpjob.schema: the spec model -> OpenAPI, and manifest -> defaulted, frozen DDPJob."""
+"""ddpjob.api.schema: the spec model -> OpenAPI, and manifest -> defaulted, frozen DDPJob."""
 from __future__ import annotations
 
 import copy
@@ -8,8 +8,10 @@ from collections.abc import Mapping
 
 import pytest
 
-from ddpjob import contract, schema, spec
-from ddpjob.manifest_cases import DELETE, good_manifest_table, minimal_manifest, with_changes
+from ddpjob import contract
+from ddpjob.api import schema
+from ddpjob.api import spec
+from tests.support.manifests import DELETE, good_manifest_table, minimal_manifest, with_changes
 
 pytestmark = pytest.mark.unit
 
@@ -199,8 +201,9 @@ def test_main_prints_the_spec_schema(capsys):
 
 
 def test_reserved_volume_name_is_the_one_the_builders_use():
-    builders = pytest.importorskip("ddpjob.builders")
-    assert builders.SHM_VOLUME == spec.SHM_VOLUME_NAME, "use spec.SHM_VOLUME_NAME in builders"
+    from ddpjob.controller import builders
+
+    assert builders.SHM_VOLUME == spec.SHM_VOLUME_NAME, "use names.SHM_VOLUME_NAME in builders"
 
 
 def test_a_misspelt_constraint_is_an_error_not_a_silent_gap():

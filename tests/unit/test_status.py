@@ -5,9 +5,9 @@ import datetime as dt
 
 import pytest
 
-from ddpjob.status import (
-    CONDITION_TYPES, FailedNode, JobStatus, NodeState, format_time, parse_time, set_condition,
-    terminal_reason, truncate, with_phase,
+from ddpjob.api.status import CONDITION_TYPES, FailedNode, JobStatus, NodeState
+from ddpjob.controller.status import (
+    format_time, parse_time, set_condition, terminal_reason, truncate, with_phase,
 )
 
 pytestmark = pytest.mark.unit

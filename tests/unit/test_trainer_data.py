@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-import pickle
 
-import numpy as np
 import pytest
 import torch
 import torchvision
@@ -15,44 +13,12 @@ from ddptrainer.config import parse_config
 from ddptrainer.data import ResumableDistributedSampler, build_dataset, build_loader
 from ddptrainer.distributed import DistContext
 from ddptrainer.errors import DataMissingError
+from tests.support.datasets import write_cifar10, write_mnist
 
 pytestmark = pytest.mark.unit
 
 SINGLE = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"),
                      backend=None)
-
-
-def write_mnist(root, n_train=20, n_test=10):
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        labels = (np.arange(n) % 10).astype(np.uint8)
-        # idx format: big-endian magic (0x08 = unsigned byte, then the number of dimensions)
-        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
-            np.array([0x0803, n, 28, 28], dtype=">u4").tobytes() + images.tobytes())
-        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
-            np.array([0x0801, n], dtype=">u4").tobytes() + labels.tobytes())
-    return root
-
-
-def write_cifar10(root, per_batch=4):
-    """The 'CIFAR-10 python version': pickled dicts, rows of 3072 bytes (R, G, B planes)."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(1)
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name in names:
-        batch = {"batch_label": name, "labels": [i % 10 for i in range(per_batch)],
-                 "data": rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8),
-                 "filenames": [f"{name}-{i}.png" for i in range(per_batch)]}
-        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
-    meta = {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
-                            "horse", "ship", "truck"], "num_cases_per_batch": per_batch,
-            "num_vis": 3072}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
-    return root
 
 
 def md5(path):
@@ -73,7 +39,7 @@ def cifar_root(tmp_path, monkeypatch):
 
 
 def test_mnist_from_idx_files(tmp_path):
-    root = write_mnist(tmp_path / "data")
+    root = write_mnist(tmp_path / "data", n_train=20, n_test=10)
     info = build_dataset(parse_config(["--dataset", "mnist", "--data-dir", str(root)], {}),
                          SINGLE)
     assert (info.in_channels, info.num_classes, len(info.dataset)) == (1, 10, 20)
@@ -110,7 +76,7 @@ def test_missing_data_names_the_folder_and_how_to_provide_it(tmp_path, dataset, 
 
 
 def test_partly_present_mnist_lists_what_is_missing(tmp_path):
-    root = write_mnist(tmp_path / "data")
+    root = write_mnist(tmp_path / "data", n_train=20, n_test=10)
     (root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
     with pytest.raises(DataMissingError, match=r"\(missing: t10k-labels-idx1-ubyte\)"):
         build_dataset(parse_config(["--dataset", "mnist", "--data-dir", str(root)], {}), SINGLE)

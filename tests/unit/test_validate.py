@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob import cli_validate, schema
-from ddpjob.manifest_cases import (NOT_SENDABLE, REJECTS, REJECTS_WHEN_STRICT, bad_manifest_table,
+from ddpjob.api import loader
+from ddpjob.cli import validate as cli_validate
+from ddpjob.api import schema
+from tests.support.manifests import (NOT_SENDABLE, REJECTS, REJECTS_WHEN_STRICT, bad_manifest_table,
                                    good_manifest_table, minimal_manifest)
 
 pytestmark = pytest.mark.unit
@@ -245,7 +247,7 @@ def test_cli_without_filename_is_a_usage_error(capsys):
 
 def test_cli_as_a_process_never_prints_a_traceback(tmp_path):
     f = _write(tmp_path, "job.yaml", "spec: [\n")
-    done = subprocess.run([sys.executable, "-m", "ddpjob.cli_validate", "-f", f],
+    done = subprocess.run([sys.executable, "-m", "ddpjob.cli.validate", "-f", f],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr == f"{f}: line 2, column 1: invalid YAML: expected the node content, but found " \
@@ -253,8 +255,6 @@ def test_cli_as_a_process_never_prints_a_traceback(tmp_path):
 
 
 def test_cli_through_the_ddpjob_command(tmp_path, capsys):
-    pytest.importorskip("ddpjob.cli_render")
-    pytest.importorskip("ddpjob.localrun")
     from ddpjob import cli
 
     f = _write(tmp_path, "job.yaml", VALID)
@@ -264,10 +264,45 @@ def test_cli_through_the_ddpjob_command(tmp_path, capsys):
 
 def test_load_ddpjobs_for_render_and_run(tmp_path):
     f = _write(tmp_path, "job.yaml", VALID)
-    [job] = cli_validate.load_ddpjobs(f, default_namespace="ns")
+    [job] = loader.load_ddpjobs(f, default_namespace="ns")
     assert (job.name, job.namespace, job.spec.nnodes) == ("mnist", "ns", 2)
     bad = _write(tmp_path, "bad.yaml", VALID.replace("nnodes: 2", "nnodes: 0"))
-    with pytest.raises(cli_validate.ManifestError, match=r"bad.yaml: DDPJob/mnist: spec.nnodes: must be >= 1"):
-        cli_validate.load_ddpjobs(bad)
-    with pytest.raises(cli_validate.ManifestError, match="missing.yaml: no such file"):
-        cli_validate.load_ddpjobs(str(tmp_path / "missing.yaml"))
+    with pytest.raises(loader.ManifestError, match=r"bad.yaml: DDPJob/mnist: spec.nnodes: must be >= 1"):
+        loader.load_ddpjobs(bad)
+    with pytest.raises(loader.ManifestError, match="missing.yaml: no such file"):
+        loader.load_ddpjobs(str(tmp_path / "missing.yaml"))
+
+
+# ---------------------------------------------------------------------------------------------
+# One loader for every command: the same file gets the same one-line verdict and exit 2 from
+# validate, render and run (run used to crash on non-UTF-8 and to accept a repeated key).
+# ---------------------------------------------------------------------------------------------
+_GOOD_TEXT = "apiVersion: ddpjob.dev/v1alpha1\nkind: DDPJob\nmetadata: {name: demo}\nspec:\n"
+
+
+@pytest.mark.parametrize("content, line", [
+    (b"\xff\xfe" + _GOOD_TEXT.encode() + b"  nnodes: 2\n  image: i\n", "not UTF-8 text (byte 0)"),
+    ((_GOOD_TEXT + "  nnodes: 2\n  nnodes: 3\n  image: i\n").encode(), "duplicate key 'nnodes'"),
+    (b"", "empty: no YAML document in the file"),
+], ids=["not-utf8", "duplicate-key", "empty"])
+@pytest.mark.parametrize("command", [["validate"], ["render"], ["run", "--dry-run"]])
+def test_every_command_refuses_a_bad_file_with_one_line_and_exit_2(tmp_path, command, content, line):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(content)
+    done = subprocess.run([sys.executable, "-m", "ddpjob.cli", *command, "-f", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    [message] = done.stderr.strip().splitlines()
+    assert str(path) in message and line in message
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path):
+    from ddpjob.api.loader import MAX_MANIFEST_BYTES
+
+    path = tmp_path / "huge.yaml"
+    path.write_bytes(b"# " + b"x" * MAX_MANIFEST_BYTES + b"\n")
+    done = subprocess.run([sys.executable, "-m", "ddpjob.cli", "validate", "-f", str(path)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "too large" in done.stderr and "at most 3145728 bytes" in done.stderr

@@ -150,6 +150,19 @@ def torchrun_argv(pod: PodArgs, node: NodeEnv, environ: Mapping[str, str]) -> li
     return argv + ["-m", pod.target, *pod.args]
 
 
+def contract_mismatch(environ: Mapping[str, str]) -> Optional[str]:
+    """A warning when the operator that made this pod speaks another contract version.
+
+    Not an error: the variables a version adds are optional to older readers, and a pod started
+    by hand (no operator) has no version at all."""
+    theirs = environ.get(contract.DDPJOB_CONTRACT_VERSION)
+    if theirs and theirs != contract.CONTRACT_VERSION:
+        return (f"warning: the operator set {contract.DDPJOB_CONTRACT_VERSION}={theirs} but this "
+                f"trainer image speaks contract version {contract.CONTRACT_VERSION}; use an "
+                "operator and a trainer image from the same release (docs/contract.md)")
+    return None
+
+
 def normalize_exit_code(code: int) -> int:
     """A worker killed by signal N (negative returncode) exits 128+N, as a shell reports it."""
     return 128 - code if code < 0 else code
@@ -239,6 +252,9 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
              f"{node.nproc_per_node} master={node.master_addr or 'localhost'}:"
              f"{node.master_port} rendezvous_timeout={node.rendezvous_timeout_seconds}s "
              f"run={pod.kind}:{pod.target}")
+        mismatch = contract_mismatch(env)
+        if mismatch:
+            _log(mismatch)
         if node.node_rank != 0 and node.master_addr:
             waited = wait_for_master(node.master_addr, node.master_port,
                                      node.rendezvous_timeout_seconds, _log)

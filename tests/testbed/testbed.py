@@ -26,7 +26,7 @@ STATE_ROOT = Path(os.environ.get("DDPJOB_TESTBED_DIR", "/tmp/ddpjob-testbed"))
 POD_CIDR = os.environ.get("DDPJOB_TESTBED_POD_CIDR", "10.244.0.0/16")
 BRIDGE = os.environ.get("DDPJOB_TESTBED_BRIDGE", "ddpjob0")
 KEEP_RUNS = 5
-TESTS_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # on PYTHONPATH: the test bed is package tests.testbed
 
 
 def default_node_specs() -> list[NodeSpec]:
@@ -67,7 +67,7 @@ class LocalTestbed:
         self.control_plane.start()
         self.agent = ManagedProcess(
             "node-agent",
-            [sys.executable, "-m", "cluster.node_agent",
+            [sys.executable, "-m", "tests.testbed.node_agent",
              "--kubeconfig", self.control_plane.kubeconfig,
              "--run-dir", self.run_dir,
              "--pod-cidr", POD_CIDR, "--bridge", BRIDGE,
@@ -163,7 +163,7 @@ def _spec_arg(spec: NodeSpec) -> str:
 
 def _pythonpath() -> str:
     existing = os.environ.get("PYTHONPATH")
-    return f"{TESTS_DIR}:{existing}" if existing else str(TESTS_DIR)
+    return f"{REPO_ROOT}:{existing}" if existing else str(REPO_ROOT)
 
 
 def node_is_ready(kubectl: Kubectl, name: str) -> bool:

@@ -28,7 +28,7 @@ OPERATOR_DEPLOYMENT = "ddpjob-operator"
 # {python} is this interpreter; {liveness} is kopf's health endpoint, which the fixture waits
 # for before a test may count on the operator. $DDPJOB_OPERATOR_COMMAND overrides both.
 FALLBACK_OPERATOR_COMMAND = (
-    "{python} -m kopf run --standalone --all-namespaces --liveness={liveness} -m ddpjob.handlers"
+    "{python} -m kopf run --standalone --all-namespaces --liveness={liveness} -m ddpjob.controller.handlers"
 )
 TOKEN_DURATION = "24h"
 

@@ -1,6 +1,6 @@
 """The test bed's kubelet stand-in: keeps Nodes Ready and runs their pods as local processes.
 
-Run as ``python -m cluster.node_agent --kubeconfig ADMIN --run-dir DIR --node NAME:cpu=4``
+Run as ``python -m tests.testbed.node_agent --kubeconfig ADMIN --run-dir DIR --node NAME:cpu=4``
 (from tests/, as root). It serves every Node labelled ``testbed.ddpjob.dev/node-agent=true``:
 the ``--node`` ones it registers itself, and any a test creates later (see
 ``NodeSpec.to_node``). For each, it reports capacity and the Ready condition and renews the

@@ -25,12 +25,15 @@ import datetime as dt
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ddpjob import contract, spec
-from ddpjob.status import (
+from ddpjob import contract
+from ddpjob.api import failure_policy
+from ddpjob.api import names
+from ddpjob.api import spec
+from ddpjob.api.status import (
     CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, NODE_MESSAGE_LIMIT, PENDING, RESTARTING, RUNNING,
-    SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState, format_time, parse_time,
-    terminal_reason, truncate, with_phase,
+    SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState,
 )
+from ddpjob.controller.status import format_time, parse_time, terminal_reason, truncate, with_phase
 
 # Failure reasons after which the job's pods are always released, whatever cleanPodPolicy says:
 # the job never got going, and what it holds (GPUs) is what other jobs are waiting for.
@@ -88,15 +91,15 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     try:
-        rank = int(labels[contract.LABEL_NODE_RANK])
-        attempt = int(labels[contract.LABEL_RESTART_ATTEMPT])
+        rank = int(labels[names.LABEL_NODE_RANK])
+        attempt = int(labels[names.LABEL_RESTART_ATTEMPT])
     except (KeyError, TypeError, ValueError):
         return None
     owner = next((o.get("uid") for o in meta.get("ownerReferences") or ()
-                  if o.get("kind") == contract.KIND and o.get("controller")), None)
+                  if o.get("kind") == names.KIND and o.get("controller")), None)
     status = pod.get("status") or {}
     containers = status.get("containerStatuses") or ()
-    trainer = next((c for c in containers if c.get("name") == "trainer"), containers[0] if containers else {})
+    trainer = next((c for c in containers if c.get("name") == names.CONTAINER_NAME), containers[0] if containers else {})
     state = trainer.get("state") or {}
     terminated = state.get("terminated") or {}
     waiting = state.get("waiting") or {}
@@ -165,7 +168,9 @@ class _Failure:
     reason: str
     message: str
     at: Optional[dt.datetime]
-    permanent: bool
+
+    def as_node_failure(self) -> failure_policy.NodeFailure:
+        return failure_policy.NodeFailure(self.rank, self.exit_code, self.reason, self.at)
 
     def describe(self) -> str:
         what = (f"exited with code {self.exit_code} ({contract.describe_exit_code(self.exit_code)})"
@@ -379,15 +384,14 @@ def _node_state(p: PodView) -> NodeState:
 def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[_Failure]:
     if p.phase == POD_FAILED:
         code = p.exit_code
-        permanent = code is not None and contract.is_permanent_exit(code, job.spec.failurePolicy.permanentExitCodes)
         reason = p.terminated_reason or p.disruption or p.pod_reason or "Failed"
         message = p.terminated_message or p.pod_message
-        return _Failure(p.node_rank, p.name, code, reason, message, p.finished_at or p.deletion_at, permanent)
+        return _Failure(p.node_rank, p.name, code, reason, message, p.finished_at or p.deletion_at)
     if p.deleting and p.phase != POD_SUCCEEDED:
         # Deleted from under the job (a user, a drain, taint-based eviction of a lost node):
         # the rank is gone, and its peers will hang until the gang restarts.
         reason = p.disruption or p.pod_reason or MISSING
-        return _Failure(p.node_rank, p.name, None, reason, p.pod_message, p.deletion_at, False)
+        return _Failure(p.node_rank, p.name, None, reason, p.pod_message, p.deletion_at)
     return None
 
 
@@ -428,7 +432,7 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
             gone = replace(recorded[rank], phase=MISSING, ready=False, reason=MISSING,
                            message="the pod was deleted")
             nodes.append(gone)
-            failures.append(_Failure(rank, gone.pod, None, MISSING, "the pod was deleted", None, False))
+            failures.append(_Failure(rank, gone.pod, None, MISSING, "the pod was deleted", None))
         else:
             missing.append(rank)
 
@@ -491,24 +495,22 @@ def _describe_waiting(p: PodView) -> str:
 
 def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
                 failures: list[_Failure]) -> Plan:
-    # The root cause: a permanent failure if any (no restart can help), else the earliest one;
-    # the peers of a dead rank fail after it (PEER_LOST), not before.
-    far_future = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
-    failures.sort(key=lambda f: (not f.permanent, f.at or far_future, f.rank))
-    first = failures[0]
-    budget = job.spec.failurePolicy.maxRestarts
-    if first.permanent:
-        return _fail(job, status, pods, now, "PodFailedPermanent",
+    by_rank = {f.rank: f for f in failures}
+    ruling = failure_policy.verdict((f.as_node_failure() for f in failures),
+                                    restarts_done=status.restarts, policy=job.spec.failurePolicy)
+    first, budget = by_rank[ruling.cause.node_rank], ruling.budget
+    if ruling.reason == failure_policy.PERMANENT:
+        return _fail(job, status, pods, now, ruling.reason,
                      f"{first.describe()}: a restart cannot fix this", first.failed_node())
-    if status.restarts >= budget:
-        return _fail(job, status, pods, now, "RestartBudgetExhausted",
+    if ruling.reason == failure_policy.BUDGET_SPENT:
+        return _fail(job, status, pods, now, ruling.reason,
                      f"{first.describe()} and the restart budget ({budget}) is spent", first.failed_node())
 
-    restarts = status.restarts + 1
+    restarts = ruling.restarts_after
     message = f"{first.describe()}; restart {restarts} of {budget}: deleting the gang"
     restarting = replace(status, restarts=restarts, restartAttempt=status.restartAttempt + 1,
                          failedNode=first.failed_node(), readyNodes=0)
-    restarting = with_phase(restarting, RESTARTING, "RetryableFailure", message, now, created=False,
+    restarting = with_phase(restarting, RESTARTING, ruling.reason, message, now, created=False,
                             created_reason="Restarting", created_message=message)
     event = Event("Warning", "Restarting",
                   f"{first.describe()}" + (f" [{first.reason}]" if first.reason else "")

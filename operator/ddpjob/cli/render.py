@@ -1,6 +1,6 @@
 """`ddpjob render -f FILE`: print, as YAML, exactly the Service and Pods the operator would create.
 
-The operator builds its children with the same functions (ddpjob.builders), so what this prints
+The operator builds its children with the same functions (ddpjob.controller.builders), so what this prints
 is what `kubectl apply -f FILE` leads to, attempt 0. Owner references are left out: they need
 the uid the API server gives the DDPJob when it is created.
 """
@@ -12,7 +12,9 @@ from typing import Any, Optional, TextIO
 
 import yaml
 
-from ddpjob import builders, spec
+from ddpjob.controller import builders
+from ddpjob.api import spec
+from ddpjob.api.loader import ManifestError, load_ddpjobs
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -29,8 +31,6 @@ def render_yaml(jobs: list[spec.DDPJob], attempt: int = 0) -> str:
 
 
 def run_render(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
-    from ddpjob.cli_validate import ManifestError, load_ddpjobs  # shared file reading and validation
-
     out, err = out or sys.stdout, err or sys.stderr
     jobs: list[spec.DDPJob] = []
     try:
@@ -59,7 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m ddpjob.cli_render -f FILE``: the subcommand on its own."""
+    """``python -m ddpjob.cli.render -f FILE``: the subcommand on its own."""
     parser = argparse.ArgumentParser(prog="ddpjob")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["render", *(sys.argv[1:] if argv is None else argv)])

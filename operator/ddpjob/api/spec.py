@@ -1,6 +1,6 @@
 """The DDPJob API: the one source of truth.
 
-These frozen dataclasses *are* the API. ``ddpjob.schema`` reads their annotations and field
+These frozen dataclasses *are* the API. ``ddpjob.api.schema`` reads their annotations and field
 metadata to generate the CRD's structural OpenAPI schema (manifests/crd.yaml is generated,
 never edited), and to parse + validate a manifest into these objects for ``ddpjob validate``
 and the operator. Cross-field rules are declared once, below, as a CEL expression (for the API
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from ddpjob import contract
+from ddpjob.api import names
 
 # Longest job name such that every child name is a DNS label (<= 63 characters):
 # pod/hostname "<job>-node-<rank>" with ranks up to 4 digits -> 63 - len("-node-") - 4 = 53.
@@ -98,8 +99,8 @@ VOLUME_SCHEMA = {"type": "object", "required": ["name"], "x-kubernetes-preserve-
 # The API server refuses a CEL rule whose *estimated* cost is too high, and estimates an
 # unbounded list as millions of items; the volumeMounts x volumes rule needs these bounds.
 MAX_VOLUMES = 64
-# The operator's memory-backed /dev/shm volume in every pod (ddpjob.builders uses this name).
-SHM_VOLUME_NAME = "dshm"
+# The operator's memory-backed /dev/shm volume in every pod.
+SHM_VOLUME_NAME = names.SHM_VOLUME_NAME
 
 
 @dataclass(frozen=True)
@@ -118,16 +119,16 @@ class FailurePolicy:
 @dataclass(frozen=True)
 class PodMetadata:
     labels: Mapping[str, str] = spec_field(
-        f"Labels added to every pod (keys under {contract.API_GROUP}/ are the operator's).",
+        f"Labels added to every pod (keys under {names.API_GROUP}/ are the operator's).",
         default_factory=dict)
     annotations: Mapping[str, str] = spec_field("Annotations added to every pod.", default_factory=dict)
 
     # The operator's labels select the pods (Service selector, restart bookkeeping).
     __rules__ = (
         Rule(
-            cel=f"!has(self.labels) || self.labels.all(k, !k.startsWith('{contract.API_GROUP}/'))",
-            message=f"labels under {contract.API_GROUP}/ are set by the operator",
-            check=lambda m: not any(k.startswith(f"{contract.API_GROUP}/") for k in m["labels"]),
+            cel=f"!has(self.labels) || self.labels.all(k, !k.startsWith('{names.API_GROUP}/'))",
+            message=f"labels under {names.API_GROUP}/ are set by the operator",
+            check=lambda m: not any(k.startswith(f"{names.API_GROUP}/") for k in m["labels"]),
             field_path=".labels",
         ),
     )

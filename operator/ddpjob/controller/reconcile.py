@@ -1,6 +1,6 @@
 """One reconcile pass of one DDPJob: parse, decide, act, write status.
 
-Synchronous and free of kopf: handlers.py runs it in a worker thread with the pods of the job as
+Synchronous and free of kopf: the job's worker (workqueue.py) runs it in a thread with the pods of the job as
 kopf's watch last saw them, and tests run it with a fake ``Kube``. Any API error reaches the
 status (reason ReconcileError) and a Warning event: the peers' users never see theirs
 (kubeflow/trainer#2713, #3666, #3671).
@@ -12,13 +12,15 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ddpjob import builders, spec
-from ddpjob.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
-from ddpjob.kube import ApiError
-from ddpjob.settings import OperatorSettings
-from ddpjob.status import JobStatus, truncate
+from ddpjob.controller import builders
+from ddpjob.api import spec
+from ddpjob.controller.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
+from ddpjob.controller.kube import ApiError, KubeApi
+from ddpjob.controller.settings import OperatorSettings
+from ddpjob.api.status import JobStatus
+from ddpjob.controller.status import truncate
 
-logger = logging.getLogger("ddpjob.reconcile")
+logger = logging.getLogger("ddpjob.controller.reconcile")
 
 PostEvent = Callable[[Event], None]
 Parse = Callable[[Mapping[str, Any]], spec.DDPJob]
@@ -38,7 +40,7 @@ class JobMemory:
 
 
 def default_parse(obj: Mapping[str, Any]) -> spec.DDPJob:
-    from ddpjob.schema import parse_ddpjob  # imported late: the pure modules do not need it
+    from ddpjob.api.schema import parse_ddpjob  # imported late: the pure modules do not need it
 
     return parse_ddpjob(obj)
 
@@ -48,7 +50,7 @@ def reconcile(
     pods: Sequence[PodView],
     memory: JobMemory,
     *,
-    kube: Any,
+    kube: KubeApi,
     settings: OperatorSettings,
     post_event: PostEvent,
     now: Optional[dt.datetime] = None,
@@ -94,14 +96,14 @@ def _parsed(body: Mapping[str, Any], memory: JobMemory, parse: Parse) -> spec.DD
     return memory.parsed[1]
 
 
-def _write_status(body: Mapping[str, Any], new: JobStatus, memory: JobMemory, kube: Any) -> None:
+def _write_status(body: Mapping[str, Any], new: JobStatus, memory: JobMemory, kube: KubeApi) -> None:
     meta = body["metadata"]
     kube.patch_status(meta["namespace"], meta["name"], new.to_dict())
     memory.status = new
 
 
 def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, plan: Plan,
-         memory: JobMemory, kube: Any, post_event: PostEvent, now: dt.datetime) -> Optional[float]:
+         memory: JobMemory, kube: KubeApi, post_event: PostEvent, now: dt.datetime) -> Optional[float]:
     """Carry out ``plan``: status first (the intent survives a crash), then the children.
     Returns when the next pass is due."""
     meta = body["metadata"]
@@ -156,7 +158,7 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
 
 
 def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
-                  kube: Any, settings: OperatorSettings, post_event: PostEvent) -> Optional[float]:
+                  kube: KubeApi, settings: OperatorSettings, post_event: PostEvent) -> Optional[float]:
     """Make the error visible: status reason ReconcileError (the phase is left as it was) and a
     Warning event; then retry with an exponential backoff."""
     name = (body.get("metadata") or {}).get("name", "?")

@@ -1,4 +1,4 @@
-"""The DDPJob API, derived from ``ddpjob.spec``: the CRD's OpenAPI schema, and validation.
+"""The DDPJob API, derived from ``ddpjob.api.spec``: the CRD's OpenAPI schema, and validation.
 
 Two things come out of the dataclasses in ``spec.py`` and nothing else:
 
@@ -26,9 +26,13 @@ from collections.abc import Mapping as AbcMapping
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
-from ddpjob import contract, spec
+import yaml
 
-API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
+from ddpjob.api import names
+from ddpjob.api import spec
+from ddpjob.api import status as status_model
+
+API_VERSION = names.GROUP_VERSION
 TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 
 
@@ -40,7 +44,8 @@ _SCALAR_TYPES = {int: "integer", str: "string", bool: "boolean", float: "number"
 _VALUE_KEYWORDS = {"minimum": "minimum", "maximum": "maximum", "pattern": "pattern",
                    "min_length": "minLength", "max_length": "maxLength"}
 _LIST_KEYWORDS = {"min_items": "minItems", "max_items": "maxItems"}
-_FIELD_KEYS = {"description", "required", "enum", "unique_items", "openapi", *_VALUE_KEYWORDS, *_LIST_KEYWORDS}
+_FIELD_KEYS = {"description", "required", "enum", "unique_items", "openapi", "format", "status",
+               *_VALUE_KEYWORDS, *_LIST_KEYWORDS}
 
 
 def spec_schema() -> dict:
@@ -54,6 +59,25 @@ def _spec_schema() -> dict:
     schema = _object_schema(spec.DDPJobSpec)
     return {"description": "The desired job: what to run, on how many nodes, and how to recover.",
             **schema}
+
+
+def status_schema() -> dict:
+    """The OpenAPI v3 schema of ``status``, generated from ``ddpjob.api.status.JobStatus``: the
+    status the operator writes, and nothing else (unknown status fields are pruned)."""
+    return copy.deepcopy(_status_schema())
+
+
+@functools.lru_cache(maxsize=1)
+def _status_schema() -> dict:
+    schema = _object_schema(status_model.JobStatus)
+    properties = schema["properties"]
+    for name, after, body in status_model.JobStatus.__computed__:
+        keys = list(properties)
+        at = keys.index(after) + 1
+        properties = {**{k: properties[k] for k in keys[:at]}, name: copy.deepcopy(body),
+                      **{k: properties[k] for k in keys[at:]}}
+    schema["properties"] = properties
+    return {"description": status_model.JobStatus.__doc__.strip(), **schema}
 
 
 def rule_schema(rule: spec.Rule) -> dict:
@@ -103,14 +127,20 @@ def _field_schema(f: dataclasses.Field, hint: Any) -> dict:
         body = _object_schema(inner)
     elif typing.get_origin(inner) is tuple:
         item_type = typing.get_args(inner)[0]
-        item = copy.deepcopy(meta["openapi"]) if "openapi" in meta else _value_schema(item_type, meta)
+        if "openapi" in meta:
+            item = copy.deepcopy(meta["openapi"])
+        elif dataclasses.is_dataclass(item_type):
+            item = _object_schema(item_type)
+        else:
+            item = _value_schema(item_type, meta)
         body = {"type": "array", "items": item}
         body.update({api: meta[key] for key, api in _LIST_KEYWORDS.items() if key in meta})
         if meta.get("unique_items"):
             body["x-kubernetes-list-type"] = "set"
     else:
         body = copy.deepcopy(meta["openapi"]) if "openapi" in meta else _value_schema(inner, meta)
-    default = _default_of(f)
+    # Status fields carry no default: only the operator writes them.
+    default = None if meta.get("status") else _default_of(f)
     # The description goes first so that the generated YAML reads top-down.
     return {"description": meta["description"], **body,
             **({"default": default} if default is not None else {})}
@@ -127,6 +157,8 @@ def _value_schema(tp: Any, meta: Mapping[str, Any]) -> dict:
     schema: dict[str, Any] = {"type": _SCALAR_TYPES[tp]}
     if "enum" in meta:
         schema["enum"] = list(meta["enum"])
+    if "format" in meta:
+        schema["format"] = meta["format"]
     schema.update({api: meta[key] for key, api in _VALUE_KEYWORDS.items() if key in meta})
     return schema
 
@@ -372,9 +404,9 @@ def defaulted_manifest(obj: Any) -> tuple[dict, list[Problem]]:
         return {}, [Problem("", f"a DDPJob must be a mapping (apiVersion, kind, metadata, spec), "
                                 f"got {describe_value(obj)}")]
     kind = obj.get("kind")
-    if kind != contract.KIND:
+    if kind != names.KIND:
         found = "kind is missing" if kind is None else f"got kind {kind!r}"
-        return {}, [Problem("kind", f"must be {contract.KIND} ({found})")]
+        return {}, [Problem("kind", f"must be {names.KIND} ({found})")]
     problems: list[Problem] = []
     if obj.get("apiVersion") != API_VERSION:
         problems.append(Problem("apiVersion", f"must be {API_VERSION}, got {describe_value(obj.get('apiVersion'))}"))
@@ -495,10 +527,8 @@ def _annotation_problems(annotations: Mapping[str, str]) -> list[str]:
 
 def _status_problems(status: Any) -> list[Problem]:
     """Unknown fields under ``status`` (the only status problem the API server refuses)."""
-    from ddpjob import crd  # crd imports this module
-
     walker = _SchemaWalker()
-    walker.walk(crd.status_schema(), status, "status")
+    walker.walk(_status_schema(), status, "status")
     return [p for p in walker.problems if p.message == "unknown field"]
 
 
@@ -544,6 +574,17 @@ def _convert(hint: Any, value: Any) -> Any:
     return value
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    # A schema fragment used twice (e.g. a quantity) must be written twice, not as &id001.
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(obj: Any) -> str:
+    """Generated YAML: no aliases, keys in the order they were built."""
+    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=100, allow_unicode=True)
+
+
 def to_manifest(job: spec.DDPJob) -> dict:
     """A ``spec.DDPJob`` back to a manifest dict (every default spelled out)."""
     metadata: dict[str, Any] = {"name": job.name, "namespace": job.namespace}
@@ -551,15 +592,13 @@ def to_manifest(job: spec.DDPJob) -> dict:
         metadata["labels"] = dict(job.labels)
     if job.uid:
         metadata["uid"] = job.uid
-    return {"apiVersion": API_VERSION, "kind": contract.KIND, "metadata": metadata,
+    return {"apiVersion": API_VERSION, "kind": names.KIND, "metadata": metadata,
             "spec": to_plain(job.spec)}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m ddpjob.schema``: print the generated spec schema as YAML."""
-    from ddpjob import crd  # crd imports this module
-
-    sys.stdout.write(crd.to_yaml(spec_schema()))
+    """``python -m ddpjob.api.schema``: print the generated spec schema as YAML."""
+    sys.stdout.write(to_yaml(spec_schema()))
     return 0
 
 

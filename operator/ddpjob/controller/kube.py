@@ -18,10 +18,10 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Protocol, Sequence
 
-from ddpjob import contract
-from ddpjob.settings import OperatorSettings
+from ddpjob.api import names
+from ddpjob.controller.settings import OperatorSettings
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,25 @@ class CreateOutcome:
     name: str
     created: bool  # created now, or it already existed
     error: Optional[ApiError] = None
+
+
+class KubeApi(Protocol):
+    """What one reconcile pass may do to the cluster: the operator's five writes, nothing else.
+
+    ``Kube`` implements it over HTTP; the unit tests pass a fake. Keeping the list this short is
+    part of the security story (docs/security.md): the operator touches only what it owns.
+    """
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> dict: ...
+
+    def create_service(self, service: dict) -> None: ...
+
+    def create_pods(self, pods: Sequence[dict]) -> list[CreateOutcome]: ...
+
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]], *,
+                    force: bool = False) -> list[DeleteOutcome]: ...
+
+    def delete_job(self, namespace: str, name: str, uid: Optional[str]) -> None: ...
 
 
 class Kube:
@@ -127,8 +146,8 @@ class Kube:
     def patch_status(self, namespace: str, name: str, status: dict) -> dict:
         """Merge-patch the status subresource; returns the status the server now holds. The
         operator's one status writer (see handlers.py for why not kopf's patch)."""
-        path = (f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{namespace}/"
-                f"{contract.PLURAL}/{name}/status")
+        path = (f"/apis/{names.API_GROUP}/{names.API_VERSION}/namespaces/{namespace}/"
+                f"{names.PLURAL}/{name}/status")
         obj = self.request("PATCH", path, {"status": status}, what=f"patch status of {name}",
                            content_type="application/merge-patch+json")
         return obj.get("status") or {}
@@ -181,7 +200,7 @@ class Kube:
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
-        path = f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{namespace}/{contract.PLURAL}/{name}"
+        path = f"/apis/{names.API_GROUP}/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{name}"
         try:
             self.request("DELETE", path, body, what=f"delete DDPJob {name}")
         except ApiError as exc:

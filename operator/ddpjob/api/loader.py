@@ -1,26 +1,32 @@
-"""`ddpjob validate -f FILE`: the operator's and the CRD's validation, before `kubectl apply`.
+"""The one manifest loader: every command reads DDPJob files through it.
 
-Exit 0 when every DDPJob in the files is valid; exit 2 with one line per problem,
-``<file>: DDPJob/<name>: <field path>: <what is allowed>``. A file may hold other objects next
-to its DDPJobs (a ConfigMap with the training script, say): they are skipped with a note on
-stderr, but a file without any DDPJob is an error. Every failure is one line, never a traceback.
+``ddpjob validate``, ``ddpjob render`` and ``ddpjob run`` get the same answer for the same file:
+a bad file is one ``ManifestError`` with one line per problem (never a traceback), naming the
+file, the document and the field. What it refuses, whoever asks:
 
-``read_documents`` and ``load_ddpjobs`` are shared with ``ddpjob render`` and ``ddpjob run``.
+* a missing, unreadable or oversized file (over ``MAX_MANIFEST_BYTES``, refused before reading);
+* text that is not UTF-8 (with the byte offset);
+* YAML that does not parse (line and column), or that repeats a key (the API server would keep
+  the last value silently; a reader of the file would believe the first);
+* a file without any DDPJob; every DDPJob problem ``ddpjob.api.schema`` finds.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional, TextIO
 
 import yaml
 
-from ddpjob import contract, schema, spec
+from ddpjob.api import names
+from ddpjob.api import schema
+from ddpjob.api import spec
 
-EXIT_VALID = 0
-EXIT_INVALID = 2
 STDIN = "-"
+#: The API server refuses a request body over 3 MiB, so no object in a larger file could be
+#: applied anyway; refusing it at once keeps a mistaken `-f big.bin` from parsing for minutes.
+MAX_MANIFEST_BYTES = 3 * 1024 * 1024
 
 
 class ManifestError(Exception):
@@ -40,7 +46,7 @@ class Document:
         name = metadata.get("name") if isinstance(metadata, dict) else None
         kind = self.obj.get("kind") if isinstance(self.obj, dict) else None
         if isinstance(name, str) and name:
-            return f"{kind if isinstance(kind, str) else contract.KIND}/{name}"
+            return f"{kind if isinstance(kind, str) else names.KIND}/{name}"
         return f"document {self.index} (line {self.line})"
 
 
@@ -97,9 +103,18 @@ def read_documents(filename: str, stdin: Optional[TextIO] = None) -> list[Docume
 def _read_text(filename: str, stdin: Optional[TextIO]) -> str:
     try:
         if filename == STDIN:
-            return (stdin or sys.stdin).read()
-        with open(filename, encoding="utf-8") as f:
-            return f.read()
+            text = (stdin or sys.stdin).read(MAX_MANIFEST_BYTES + 1)
+            if len(text.encode("utf-8", errors="surrogateescape")) > MAX_MANIFEST_BYTES:
+                raise ManifestError(_too_large("standard input"))
+            return text
+        size = os.stat(filename).st_size
+        if size > MAX_MANIFEST_BYTES and os.path.isfile(filename):
+            raise ManifestError(_too_large(f"{size} bytes"))
+        with open(filename, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:  # a pipe or a file that grew
+            raise ManifestError(_too_large("more than that"))
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise ManifestError("no such file") from None
     except IsADirectoryError:
@@ -110,6 +125,11 @@ def _read_text(filename: str, stdin: Optional[TextIO]) -> str:
         raise ManifestError(f"not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ManifestError(exc.strerror or str(exc)) from None
+
+
+def _too_large(what: str) -> str:
+    return (f"too large ({what}): a manifest file may hold at most {MAX_MANIFEST_BYTES} bytes "
+            "(3 MiB, the API server's request limit)")
 
 
 def _expand_lists(documents: list[Document]) -> list[Document]:
@@ -128,8 +148,8 @@ def is_meant_as_ddpjob(obj: Any) -> bool:
     if not isinstance(obj, dict):
         return True  # validation says what is wrong with it
     api_version = obj.get("apiVersion")
-    return (obj.get("kind") in (contract.KIND, None)
-            or (isinstance(api_version, str) and api_version.startswith(contract.API_GROUP + "/")))
+    return (obj.get("kind") in (names.KIND, None)
+            or (isinstance(api_version, str) and api_version.startswith(names.API_GROUP + "/")))
 
 
 def problems_by_document(documents: list[Document]) -> tuple[list[Document], list[tuple[Document, list[str]]]]:
@@ -147,77 +167,54 @@ def problems_by_document(documents: list[Document]) -> tuple[list[Document], lis
 
 
 def load_ddpjobs(filename: str, *, default_namespace: str = "default",
-                 stdin: Optional[TextIO] = None) -> list[spec.DDPJob]:
-    """Every DDPJob of a file, validated; ``ManifestError`` (one line per problem) otherwise."""
+                 stdin: Optional[TextIO] = None,
+                 documents: Optional[list[Document]] = None) -> list[spec.DDPJob]:
+    """Every DDPJob of a file, validated; ``ManifestError`` (one line per problem) otherwise.
+    ``documents``: the file's documents when the caller has read them already."""
     name = display_name(filename)
-    try:
-        documents = read_documents(filename, stdin)
-    except ManifestError as exc:
-        raise ManifestError(f"{name}: {exc}") from None
+    if documents is None:
+        try:
+            documents = read_documents(filename, stdin)
+        except ManifestError as exc:
+            raise ManifestError(f"{name}: {exc}") from None
     skipped, checked = problems_by_document(documents)
     lines = [f"{name}: {doc.label()}: {p}" for doc, problems in checked for p in problems]
     if not checked:
-        lines.append(_no_ddpjob_line(name, skipped))
+        lines.append(no_ddpjob_line(name, skipped))
     if lines:
         raise ManifestError("\n".join(lines))
     return [schema.parse_ddpjob(doc.obj, default_namespace=default_namespace) for doc, _ in checked]
 
 
-def _no_ddpjob_line(name: str, skipped: list[Document]) -> str:
+def no_ddpjob_line(name: str, skipped: list[Document]) -> str:
     found = ", ".join(doc.label() for doc in skipped)
-    return f"{name}: no {contract.KIND} in the file (found: {found})"
+    return f"{name}: no {names.KIND} in the file (found: {found})"
 
 
-def validate_file(filename: str, out: TextIO, err: TextIO, stdin: Optional[TextIO] = None) -> int:
-    """Validate one file, print the results; the exit status."""
+
+
+@dataclass(frozen=True)
+class RunManifest:
+    """What ``ddpjob run`` needs from a file: its one DDPJob and the ConfigMaps beside it."""
+
+    job: spec.DDPJob
+    configmaps: dict[str, dict]
+
+
+def load_one_ddpjob(filename: str, *, default_namespace: str = "default",
+                    stdin: Optional[TextIO] = None) -> RunManifest:
+    """The file's one DDPJob (validated like every other command's) and its ConfigMaps by name."""
     name = display_name(filename)
     try:
         documents = read_documents(filename, stdin)
     except ManifestError as exc:
-        print(f"{name}: {exc}", file=err)
-        return EXIT_INVALID
-    skipped, checked = problems_by_document(documents)
-    for doc in skipped:
-        print(f"{name}: note: skipping {doc.label()} (not a {contract.KIND})", file=err)
-    if not checked:
-        print(_no_ddpjob_line(name, skipped), file=err)
-        return EXIT_INVALID
-    status = EXIT_VALID
-    for doc, problems in checked:
-        for problem in problems:
-            print(f"{name}: {doc.label()}: {problem}", file=err)
-        if problems:
-            status = EXIT_INVALID
-        else:
-            print(f"{name}: {doc.label()} is valid", file=out)
-    return status
-
-
-def run_validate(args: argparse.Namespace) -> int:
-    status = EXIT_VALID
-    for filename in args.filename:
-        status = max(status, validate_file(filename, sys.stdout, sys.stderr))
-    return status
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``validate`` on the ``ddpjob`` command's subparsers."""
-    parser = subparsers.add_parser(
-        "validate", help="check DDPJob manifests as the API server and the operator would",
-        description=__doc__.split("\n\n")[0] + " Exit 0 when valid, 2 otherwise.")
-    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
-                        help="manifest file, '-' for standard input (repeatable)")
-    parser.set_defaults(handler=run_validate)
-    return parser
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m ddpjob.cli_validate -f FILE``: the subcommand on its own."""
-    parser = argparse.ArgumentParser(prog="ddpjob")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])
-    return args.handler(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        raise ManifestError(f"{name}: {exc}") from None
+    jobs = load_ddpjobs(filename, default_namespace=default_namespace,
+                        documents=documents)
+    if len(jobs) != 1:
+        raise ManifestError(f"{name}: expected exactly one {names.KIND}, found {len(jobs)} "
+                            f"({', '.join(j.name for j in jobs)})")
+    configmaps = {d.obj["metadata"]["name"]: d.obj for d in documents
+                  if isinstance(d.obj, dict) and d.obj.get("kind") == "ConfigMap"
+                  and isinstance(d.obj.get("metadata"), dict) and d.obj["metadata"].get("name")}
+    return RunManifest(jobs[0], configmaps)

@@ -1,4 +1,4 @@
-"""`ddpjob run -f FILE`: run a DDPJob on this machine, no cluster.
+"""Run a DDPJob on this machine, no cluster (the engine of `ddpjob run -f FILE`).
 
 Each node of the job becomes a local process with the environment the operator gives its pod
 (``contract.node_environment``, with MASTER_ADDR=127.0.0.1 and a free port), the spec's env and
@@ -8,13 +8,13 @@ next DDPJOB_RESTART_ATTEMPT until failurePolicy.maxRestarts is spent. The exit c
 outcome: 0, the failing node's code, 128 + signal when stopped by Ctrl-C / SIGTERM, or 124 when
 activeDeadlineSeconds passes. docs/local-run.md is the user's page.
 
-What each node runs is worked out in ``local_plan``, volume mounts in ``local_volumes``, process
-handling in ``local_supervisor``; this module reads the file, applies the failure policy and
+What each node runs is worked out in ``plan``, volume mounts in ``volumes``, process handling in
+``supervisor``; the file is read by ``ddpjob.api.loader`` (``ddpjob.cli.run``), the verdict after
+a failure is ``ddpjob.api.failure_policy``'s, as in the operator. This module applies it and
 prints. Like the rest of the package it never imports torch.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
@@ -24,80 +24,21 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import yaml
-
-from ddpjob import contract, spec as api
-from ddpjob.local_plan import (LocalRunError, LocalSetup, check_gpus, job_environment, node_command,
+from ddpjob import contract
+from ddpjob.api import failure_policy
+from ddpjob.api import spec as api
+from ddpjob.local.plan import (LocalRunError, LocalSetup, check_gpus, job_environment, node_command,
                                process_environment, reserve_free_port, termination_log_path,
                                visible_gpu_ids)
-from ddpjob.local_supervisor import Console, GangOutcome, NodeLaunch, StopRequest, run_gang
-from ddpjob.local_volumes import materialise_mounts
+from ddpjob.local.supervisor import Console, GangOutcome, NodeLaunch, StopRequest, run_gang
+from ddpjob.local.volumes import materialise_mounts
 
 EXIT_BAD_INPUT = 2  # the same code `ddpjob validate` uses for a job that cannot run as written
 EXIT_DEADLINE = 124  # timeout(1)'s convention for "stopped because time ran out"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "run", help="run a DDPJob on this machine, no cluster",
-        description="Run a DDPJob on this machine: one local process per node, with the same "
-        "environment as the pods, output prefixed by node rank. Ctrl-C stops every node. "
-        "Exit code: 0 when every node succeeds, else the failing node's. See docs/local-run.md.")
-    parser.add_argument("-f", "--filename", required=True, metavar="FILE",
-                        help="the DDPJob manifest (YAML; may also hold ConfigMaps that its volumes use)")
-    parser.add_argument("--workdir", default=".", metavar="DIR",
-                        help="working directory of the node processes (default: the current directory)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print each node's command and environment, run nothing")
-    parser.set_defaults(handler=run_command)
-
-
-def run_command(args: argparse.Namespace) -> int:
-    console = Console()
-    try:
-        job, configmaps = load_manifest(args.filename)
-        if not os.path.isdir(args.workdir):
-            raise LocalRunError(f"--workdir {args.workdir}: not a directory")
-        return run_job(job, workdir=os.path.abspath(args.workdir), configmaps=configmaps,
-                       dry_run=args.dry_run, console=console)
-    except LocalRunError as error:
-        console.note(f"error: {error}")
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # Ctrl-C before any node started (afterwards a handler takes it)
-        return 128 + signal.SIGINT
-
-
 # ---------------------------------------------------------------------------------------------
-# Reading the file
-# ---------------------------------------------------------------------------------------------
-def load_manifest(path: str) -> tuple[api.DDPJob, dict[str, dict]]:
-    """The file's one DDPJob, validated, and the ConfigMaps defined beside it (by name)."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            documents = [d for d in yaml.safe_load_all(file) if d is not None]
-    except OSError as error:
-        raise LocalRunError(f"{path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise LocalRunError(f"{path}: not valid YAML: {error}") from None
-    kinds = [d.get("kind") if isinstance(d, dict) else type(d).__name__ for d in documents]
-    ddpjobs = [d for d in documents if isinstance(d, dict) and d.get("kind") == contract.KIND]
-    if len(ddpjobs) != 1:
-        found = ", ".join(map(str, kinds)) or "nothing"
-        raise LocalRunError(f"{path}: expected exactly one {contract.KIND}, found {found}")
-    configmaps = {d["metadata"]["name"]: d for d in documents if isinstance(d, dict)
-                  and d.get("kind") == "ConfigMap" and (d.get("metadata") or {}).get("name")}
-    # Imported here: the schema module is the validation `ddpjob validate` and the operator use.
-    from ddpjob.schema import InvalidDDPJob, parse_ddpjob
-
-    try:
-        return parse_ddpjob(ddpjobs[0]), configmaps
-    except InvalidDDPJob as error:
-        problems = "\n".join(f"  {problem}" for problem in error.problems)
-        raise LocalRunError(f"{path}: invalid {contract.KIND}:\n{problems}") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# The failure policy: what the operator would do next
+# The failure policy: the operator's own (api.failure_policy), in `ddpjob run`'s words
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Decision:
@@ -117,16 +58,18 @@ def decide(outcome: GangOutcome, *, restarts_done: int, spec: api.DDPJobSpec, jo
     if outcome.kind == "deadline":
         return Decision(False, EXIT_DEADLINE,
                         f"activeDeadlineSeconds ({spec.activeDeadlineSeconds}) passed: stopped every node")
-    code, budget = outcome.exit_code, spec.failurePolicy.maxRestarts
+    code = outcome.exit_code
+    ruling = failure_policy.verdict([failure_policy.NodeFailure(outcome.node_rank, code)],
+                                    restarts_done=restarts_done, policy=spec.failurePolicy)
     meaning = re.sub(r" \((retryable|permanent)\)$", "", contract.describe_exit_code(code))
     what = f"node {outcome.node_rank} exited {code}"
-    if contract.is_permanent_exit(code, tuple(spec.failurePolicy.permanentExitCodes)):
+    if ruling.reason == failure_policy.PERMANENT:
         return Decision(False, code, f"{what} ({meaning}, permanent); job {job_name} failed")
-    if restarts_done >= budget:
+    if ruling.reason == failure_policy.BUDGET_SPENT:
         return Decision(False, code, f"{what} ({meaning}, retryable) but the restart budget "
-                        f"(maxRestarts {budget}) is spent; job {job_name} failed")
+                        f"(maxRestarts {ruling.budget}) is spent; job {job_name} failed")
     return Decision(True, code, f"{what} ({meaning}, retryable); restarting the gang "
-                    f"(restart {restarts_done + 1}/{budget})")
+                    f"(restart {ruling.restarts_after}/{ruling.budget})")
 
 
 # ---------------------------------------------------------------------------------------------

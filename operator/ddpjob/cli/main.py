@@ -8,11 +8,11 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpjob", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from ddpjob import cli_validate, cli_render, localrun
+    from ddpjob.cli import render, run, validate
 
-    cli_validate.add_parser(sub)
-    cli_render.add_parser(sub)
-    localrun.add_parser(sub)
+    validate.add_parser(sub)
+    render.add_parser(sub)
+    run.add_parser(sub)
     return parser
 
 

@@ -13,8 +13,9 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from ddpjob import contract, spec as api
-from ddpjob.local_volumes import LocalMount, rewrite_mount_paths
+from ddpjob import contract
+from ddpjob.api import spec as api
+from ddpjob.local.volumes import LocalMount, rewrite_mount_paths
 
 LOCAL_MASTER_ADDR = "127.0.0.1"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

@@ -1,6 +1,6 @@
 """Valid and invalid DDPJob manifests, shared by two test suites.
 
-The unit tests feed them to ``ddpjob validate`` (``ddpjob.schema``); the cluster suite sends
+The unit tests feed them to ``ddpjob validate`` (``ddpjob.api.schema``); the cluster suite sends
 the same manifests to a real API server with the generated CRD installed. The two word their
 messages differently, so each bad case records the *field path* both must name, plus a
 substring of ``ddpjob validate``'s message, plus what the API server is expected to do

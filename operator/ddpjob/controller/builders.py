@@ -8,11 +8,13 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional
 
-from ddpjob import contract, spec
+from ddpjob import contract
+from ddpjob.api import names
+from ddpjob.api import spec
 
-CONTAINER_NAME = "trainer"
-SHM_VOLUME = spec.SHM_VOLUME_NAME  # the schema refuses a template volume of this name
-RENDEZVOUS_PORT_NAME = "rendezvous"
+CONTAINER_NAME = names.CONTAINER_NAME
+SHM_VOLUME = names.SHM_VOLUME_NAME  # the schema refuses a template volume of this name
+RENDEZVOUS_PORT_NAME = names.RENDEZVOUS_PORT_NAME
 
 # The "restricted" Pod Security profile, split as the API wants it. The pod-level part is
 # replaced as a whole when the template supplies its own securityContext (the user then owns
@@ -27,8 +29,8 @@ def owner_reference(job: spec.DDPJob) -> dict[str, Any]:
     """Children are garbage-collected with the DDPJob: no finalizer needed, none that can block
     deletion while the operator is down."""
     return {
-        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
-        "kind": contract.KIND,
+        "apiVersion": f"{names.API_GROUP}/{names.API_VERSION}",
+        "kind": names.KIND,
         "name": job.name,
         "uid": job.uid,
         "controller": True,
@@ -51,15 +53,15 @@ def build_service(job: spec.DDPJob) -> dict[str, Any]:
     """Headless, publishing not-ready addresses: ``<pod>.<service>.<ns>.svc`` resolves as soon as
     a pod has an IP, before any readiness (JobSet's default; the fix for workers failing with
     "host not found" before the master has a record, kubeflow/pytorch-operator#125, #333)."""
-    name = contract.service_name(job.name)
+    name = names.service_name(job.name)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(job, name, {contract.LABEL_JOB_NAME: job.name}),
+        "metadata": _metadata(job, name, {names.LABEL_JOB_NAME: job.name}),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {contract.LABEL_JOB_NAME: job.name},
+            "selector": {names.LABEL_JOB_NAME: job.name},
             "ports": [{
                 "name": RENDEZVOUS_PORT_NAME,
                 "port": job.spec.masterPort,
@@ -74,9 +76,9 @@ def pod_labels(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, str]
     """Template labels, then ours (ours win: the operator finds its pods by them)."""
     labels = dict(job.spec.template.metadata.labels)
     labels.update({
-        contract.LABEL_JOB_NAME: job.name,
-        contract.LABEL_NODE_RANK: str(node_rank),
-        contract.LABEL_RESTART_ATTEMPT: str(attempt),
+        names.LABEL_JOB_NAME: job.name,
+        names.LABEL_NODE_RANK: str(node_rank),
+        names.LABEL_RESTART_ATTEMPT: str(attempt),
     })
     return labels
 
@@ -85,11 +87,11 @@ def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int) -> list[dict
     """The contract's variables first, then the user's (which may not redefine them: the schema
     refuses reserved names, so order only matters for ``$(VAR)`` references to ours)."""
     s = job.spec
-    service = contract.service_name(job.name)
+    service = names.service_name(job.name)
     env = contract.node_environment(
         job_name=job.name,
         namespace=job.namespace,
-        master_addr=contract.master_address(job.name, service, job.namespace),
+        master_addr=names.master_address(job.name, service, job.namespace),
         master_port=s.masterPort,
         nnodes=s.nnodes,
         nproc_per_node=s.nprocPerNode,
@@ -115,7 +117,7 @@ def container_resources(job: spec.DDPJob) -> dict[str, Any]:
 def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
     s = job.spec
     tmpl = s.template.spec
-    name = contract.node_pod_name(job.name, node_rank)
+    name = names.node_pod_name(job.name, node_rank)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": s.image,
@@ -138,7 +140,7 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
 
     pod_spec: dict[str, Any] = {
         "hostname": name,
-        "subdomain": contract.service_name(job.name),
+        "subdomain": names.service_name(job.name),
         # The operator restarts the whole gang; an in-place restart never rejoins its peers
         # (kubeflow/pytorch-operator#364, kubeflow/trainer#2000).
         "restartPolicy": "Never",

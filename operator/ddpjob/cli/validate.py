@@ -1,0 +1,76 @@
+"""`ddpjob validate -f FILE`: the operator's and the CRD's validation, before `kubectl apply`.
+
+Exit 0 when every DDPJob in the files is valid; exit 2 with one line per problem,
+``<file>: DDPJob/<name>: <field path>: <what is allowed>``. A file may hold other objects next
+to its DDPJobs (a ConfigMap with the training script, say): they are skipped with a note on
+stderr, but a file without any DDPJob is an error. Every failure is one line, never a traceback.
+
+Files are read by ``ddpjob.api.loader``, as for ``ddpjob render`` and ``ddpjob run``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Optional, TextIO
+
+from ddpjob.api import names
+from ddpjob.api.loader import (ManifestError, display_name, no_ddpjob_line, problems_by_document,
+                               read_documents)
+
+EXIT_VALID = 0
+EXIT_INVALID = 2
+
+
+def validate_file(filename: str, out: TextIO, err: TextIO, stdin: Optional[TextIO] = None) -> int:
+    """Validate one file, print the results; the exit status."""
+    name = display_name(filename)
+    try:
+        documents = read_documents(filename, stdin)
+    except ManifestError as exc:
+        print(f"{name}: {exc}", file=err)
+        return EXIT_INVALID
+    skipped, checked = problems_by_document(documents)
+    for doc in skipped:
+        print(f"{name}: note: skipping {doc.label()} (not a {names.KIND})", file=err)
+    if not checked:
+        print(no_ddpjob_line(name, skipped), file=err)
+        return EXIT_INVALID
+    status = EXIT_VALID
+    for doc, problems in checked:
+        for problem in problems:
+            print(f"{name}: {doc.label()}: {problem}", file=err)
+        if problems:
+            status = EXIT_INVALID
+        else:
+            print(f"{name}: {doc.label()} is valid", file=out)
+    return status
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    status = EXIT_VALID
+    for filename in args.filename:
+        status = max(status, validate_file(filename, sys.stdout, sys.stderr))
+    return status
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``validate`` on the ``ddpjob`` command's subparsers."""
+    parser = subparsers.add_parser(
+        "validate", help="check DDPJob manifests as the API server and the operator would",
+        description=__doc__.split("\n\n")[0] + " Exit 0 when valid, 2 otherwise.")
+    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
+                        help="manifest file, '-' for standard input (repeatable)")
+    parser.set_defaults(handler=run_validate)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m ddpjob.cli.validate -f FILE``: the subcommand on its own."""
+    parser = argparse.ArgumentParser(prog="ddpjob")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The per-job work queue: one asyncio worker per DDPJob, woken by events or its own clocks.
+
+A worker sleeps until woken (a pod or DDPJob event) or until a clock of the job is due
+(startup timeout, deadline, TTL, a stuck pod), waits a few milliseconds for sibling events,
+then runs one ``reconcile.reconcile`` pass in a thread (the Kubernetes client is blocking;
+nothing blocking runs on the event loop). One pass at a time per job; passes of different jobs
+run in parallel on two thread pools (see ``JobWorker._run``). kopf-free: the handlers feed it.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping, Optional
+
+from ddpjob.controller.decide import Event, PodView
+from ddpjob.controller.kube import Kube
+from ddpjob.controller.reconcile import JobMemory, reconcile
+from ddpjob.controller.settings import OperatorSettings
+
+logger = logging.getLogger("ddpjob.operator")
+
+JobKey = tuple[str, str]  # (namespace, DDPJob name)
+EmitEvent = Callable[[Mapping[str, Any], Event], None]
+UNEXPECTED_ERROR_DELAY = 5.0
+MIN_REQUEUE_SECONDS = 0.2  # a clock that is due "now" must not turn the worker into a busy loop
+
+
+def job_key(obj: Mapping[str, Any]) -> JobKey:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class JobWorker:
+    """Reconciles one DDPJob whenever woken; one pass at a time."""
+
+    def __init__(self, runtime: "Runtime", body: Mapping[str, Any], pods: Mapping[JobKey, Any]):
+        self.runtime, self.body, self.pods = runtime, body, pods
+        self.key = job_key(body)
+        self.uid = (body.get("metadata") or {}).get("uid")
+        self.memory = JobMemory()
+        self.wakeup = asyncio.Event()
+        self.wakeup.set()  # the first pass runs at once
+        self.task = asyncio.create_task(self._run(), name=f"ddpjob {self.key[0]}/{self.key[1]}")
+
+    def update(self, body: Mapping[str, Any]) -> None:
+        """A new version of the DDPJob. Only a spec change (generation) or a deletion needs a pass;
+        the events of our own status writes do not."""
+        old, self.body = self.body, body
+        if _essential(old) != _essential(body):
+            self.wakeup.set()
+
+    def post_event(self, event: Event) -> None:
+        """An Event on the DDPJob, and the same line in the log."""
+        logger.log(logging.WARNING if event.type == "Warning" else logging.INFO,
+                   "%s/%s: %s: %s", *self.key, event.reason, event.message)
+        self.runtime.emit_event(self.body, event)
+
+    def reconcile_once(self, pods: list[PodView]) -> Optional[float]:
+        return reconcile(self.body, pods, self.memory, kube=self.runtime.kube,
+                         settings=self.runtime.settings, post_event=self.post_event)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        requeue: Optional[float] = None
+        while True:
+            try:
+                timeout = None if requeue is None else max(requeue, MIN_REQUEUE_SECONDS)
+                await asyncio.wait_for(self.wakeup.wait(), timeout=timeout)
+            except asyncio.TimeoutError:
+                pass
+            await asyncio.sleep(self.runtime.settings.coalesce_seconds)  # let sibling events land
+            self.wakeup.clear()
+            pods = list(self.pods[self.key]) if self.key in self.pods else []  # on the loop thread
+            context = contextvars.copy_context()  # kopf's event queue, for post_event in the thread
+            # A job without pods is about to create its gang: seconds of POSTs when the API server
+            # is busy. Those passes get their own threads, so the passes of running jobs (a status
+            # write each) never queue behind a burst of new jobs (benchmarks/README.md, many jobs).
+            pool = self.runtime.pool if pods else self.runtime.gang_pool
+            try:
+                requeue = await loop.run_in_executor(pool, context.run, self.reconcile_once, pods)
+            except Exception:  # a bug, not an API error (those are reported by reconcile)
+                logger.exception("%s/%s: reconcile pass crashed", *self.key)
+                requeue = UNEXPECTED_ERROR_DELAY
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            pass
+
+
+def _essential(body: Mapping[str, Any]) -> tuple:
+    meta = body.get("metadata") or {}
+    return meta.get("generation"), meta.get("deletionTimestamp")
+
+
+class Runtime:
+    """The operator process's state: settings, the API client, the workers by job."""
+
+    def __init__(self) -> None:
+        self.settings = OperatorSettings()
+        self.kube: Optional[Kube] = None
+        self.emit_event: EmitEvent = lambda body, event: None
+        self.pool: Optional[ThreadPoolExecutor] = None  # passes of jobs that have pods
+        self.gang_pool: Optional[ThreadPoolExecutor] = None  # passes of jobs that have none yet
+        self.workers: dict[JobKey, JobWorker] = {}
+        self._stopping: set[asyncio.Task] = set()  # asyncio keeps only weak references to tasks
+
+    def start(self, settings: OperatorSettings, connect: Callable[[OperatorSettings], Kube],
+              emit_event: Optional[EmitEvent] = None) -> None:
+        """``connect`` makes the API client; ``emit_event`` posts a Kubernetes Event (kopf's
+        queue in the operator; None in tests, where the log line is enough)."""
+        self.settings = settings
+        self.kube = connect(settings)
+        self.emit_event = emit_event or (lambda body, event: None)
+        self.pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-reconcile")
+        self.gang_pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-gang")
+
+    def observe(self, event_type: Optional[str], body: Mapping[str, Any], pods: Mapping[JobKey, Any]) -> None:
+        key, uid = job_key(body), (body.get("metadata") or {}).get("uid")
+        worker = self.workers.get(key)
+        if worker is not None and (event_type == "DELETED" or worker.uid != uid):
+            # Gone, or deleted and recreated under the same name: the old worker's memory is void.
+            del self.workers[key]
+            stopping = asyncio.create_task(worker.stop())
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
+            worker = None
+        if event_type == "DELETED":
+            return
+        if worker is None:
+            self.workers[key] = JobWorker(self, body, pods)
+        else:
+            worker.update(body)
+
+    def wake(self, key: JobKey) -> None:
+        worker = self.workers.get(key)
+        if worker is not None:
+            worker.wakeup.set()
+
+    async def stop(self) -> None:
+        workers, self.workers = list(self.workers.values()), {}
+        await asyncio.gather(*(w.stop() for w in workers), *self._stopping, return_exceptions=True)
+        for pool in (self.pool, self.gang_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        if self.kube is not None:
+            self.kube.close()
