@@ -138,6 +138,8 @@ class NodeAgent:
             "HOME": os.environ.get("HOME", "/root"),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
         }
+        if os.environ.get("PYTHONPATH"):  # a checkout other than the installed one (a worktree)
+            base_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         self.context = AgentContext(
             client=client, bridge=bridge, pods_dir=run_dir / "pods", registry=registry,
             fetch=self._fetch, base_env=base_env,
