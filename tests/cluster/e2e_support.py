@@ -408,7 +408,7 @@ def kill_training_worker(e2e: E2E, job_name: str, node_rank: int) -> str:
                                 capture_output=True, text=True, timeout=30)
     else:
         pod = names.node_pod_name(job_name, node_rank)
-        result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod, "-c", "trainer", "--",
+        result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod, "-c", names.CONTAINER_NAME, "--",
                                      "python", "-c", KILL_WORKER_SCRIPT, *argv, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"killing the worker of node {node_rank}: {result.stderr.strip()}")
@@ -425,7 +425,7 @@ def checkpoint_steps(e2e: E2E, host_dir: str, pod_name: str, mount_path: str) ->
     if e2e.local:
         names = [p.name for p in Path(host_dir).iterdir()]
     else:
-        result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c", "trainer",
+        result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c", names.CONTAINER_NAME,
                                      "--", "ls", "-1", mount_path, check=False)
         if result.returncode != 0:
             return []
@@ -480,7 +480,7 @@ def open_gate(e2e: E2E, host_dir: str, pod_name: str, mount_path: str) -> None:
     if e2e.local:
         (Path(host_dir) / "go").touch()
         return
-    e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c", "trainer", "--", "python",
+    e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c", names.CONTAINER_NAME, "--", "python",
                         "-c", f"open('{mount_path}/go', 'w').close()")
 
 

@@ -1,4 +1,4 @@
-"""Scenario 8 of issue 4: the API server itself refuses invalid DDPJobs, naming the field, and
+"""The API server itself refuses invalid DDPJobs, naming the field, and
 `ddpjob validate` gives the same verdicts.
 
 Every manifest of ``tests.support.manifests`` (the tables the unit tests check `ddpjob validate`

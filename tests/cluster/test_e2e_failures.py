@@ -1,4 +1,4 @@
-"""End-to-end: failures and what the operator makes of them (issue 4, scenarios 4, 5, 6, 10)."""
+"""End-to-end: failures and what the operator makes of them."""
 from __future__ import annotations
 
 import pytest
@@ -17,7 +17,7 @@ TRAINING_TIMEOUT = 240
 
 
 def test_killed_rank_restarts_the_gang_which_resumes_from_the_checkpoint(e2e, shared_host_dir):
-    """Scenario 4: SIGKILL node 1's training process after the first checkpoint: one gang
+    """SIGKILL node 1's training process after the first checkpoint: one gang
     restart, the new gang resumes from the checkpoint on the shared volume, and the step count
     continues to the configured total."""
     name = "resume"
@@ -65,7 +65,7 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_checkpoint(e2e, sh
 
 
 def test_bad_configuration_fails_at_once_and_names_the_node(e2e):
-    """Scenario 5: the trainer's bad-configuration exit code (2) is permanent: Failed, no
+    """the trainer's bad-configuration exit code (2) is permanent: Failed, no
     restart, status.failedNode names the node, its exit code and message; nothing left running."""
     name = "bad-flag"
     with PodRecorder(e2e, name) as pods:
@@ -87,7 +87,7 @@ def test_bad_configuration_fails_at_once_and_names_the_node(e2e):
 
 
 def test_spent_restart_budget_fails_with_that_reason(e2e):
-    """Scenario 6: a retryable failure on every attempt: one restart (maxRestarts 1), then
+    """a retryable failure on every attempt: one restart (maxRestarts 1), then
     Failed with reason RestartBudgetExhausted."""
     name = "always-fails"
     with PodRecorder(e2e, name) as pods:
@@ -108,7 +108,7 @@ def test_spent_restart_budget_fails_with_that_reason(e2e):
 
 
 def test_gpus_no_node_has_time_out_and_release_the_pods(e2e, nodes):
-    """Scenario 10: nprocPerNode GPUs per pod, more than any node has: the pods stay Pending,
+    """nprocPerNode GPUs per pod, more than any node has: the pods stay Pending,
     the startup timeout fails the job (StartupTimeout) and no pod is left holding anything."""
     name = "too-many-gpus"
     gpu_node = None

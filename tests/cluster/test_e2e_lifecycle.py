@@ -1,5 +1,4 @@
-"""End-to-end: the operator's own restarts, deletion, suspend/resume and the job clocks
-(issue 4, scenarios 7, 9, 11)."""
+"""End-to-end: the operator's own restarts, deletion, suspend/resume and the job clocks."""
 from __future__ import annotations
 
 import datetime as dt
@@ -18,7 +17,7 @@ SLEEP_FOREVER = python_command("import time; time.sleep(600)")
 
 
 def test_operator_killed_mid_job_creates_no_duplicates(e2e, operator, shared_host_dir):
-    """Scenario 7: SIGKILL the operator while it creates the gang, and again while the gang
+    """SIGKILL the operator while it creates the gang, and again while the gang
     runs (its pods finish while it is down); each restarted operator adopts what exists. Every
     pod uid ever created is recorded: exactly one per rank, one attempt, and the job Succeeds."""
     name = "operator-restarts"
@@ -52,7 +51,7 @@ def test_operator_killed_mid_job_creates_no_duplicates(e2e, operator, shared_hos
 
 
 def test_deleting_a_job_removes_its_pods_and_service(e2e, kubectl):
-    """Scenario 9: the owner references do it, through the real garbage collector (the operator
+    """the owner references do it, through the real garbage collector (the operator
     puts no finalizer on DDPJobs)."""
     name = "to-delete"
     e2e.create(ddpjob_manifest(name, e2e.image, command=SLEEP_FOREVER))
@@ -75,7 +74,7 @@ def test_deleting_a_job_removes_its_pods_and_service(e2e, kubectl):
 
 
 def test_suspend_deletes_the_pods_and_resume_finishes_the_job(e2e):
-    """Scenario 11a: suspend: true deletes the gang (phase Suspended, no restart counted);
+    """suspend: true deletes the gang (phase Suspended, no restart counted);
     suspend: false creates the next attempt, which runs to success."""
     name = "suspended"
     # Attempt 0 would run forever; the resumed attempt finishes at once.
@@ -108,7 +107,7 @@ def test_suspend_deletes_the_pods_and_resume_finishes_the_job(e2e):
 
 
 def test_active_deadline_fails_the_job_and_releases_its_pods(e2e):
-    """Scenario 11b: activeDeadlineSeconds, counted from the start: DeadlineExceeded, and every
+    """activeDeadlineSeconds, counted from the start: DeadlineExceeded, and every
     pod that still ran is deleted."""
     name = "deadline"
     e2e.create(ddpjob_manifest(name, e2e.image, command=SLEEP_FOREVER, activeDeadlineSeconds=5))
@@ -122,7 +121,7 @@ def test_active_deadline_fails_the_job_and_releases_its_pods(e2e):
 
 
 def test_ttl_after_finished_deletes_the_job(e2e):
-    """Scenario 11c: ttlSecondsAfterFinished deletes the DDPJob that long after it finished;
+    """ttlSecondsAfterFinished deletes the DDPJob that long after it finished;
     its children follow by garbage collection."""
     name = "short-lived"
     ttl = 3

@@ -1,4 +1,4 @@
-"""End-to-end: Pod Security admission (issue 4, scenario 12)."""
+"""End-to-end: Pod Security admission."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.cluster
 
 
 def test_default_pods_are_admitted_under_restricted_pod_security(e2e):
-    """Scenario 12a: the operator's default pods satisfy the "restricted" profile."""
+    """the operator's default pods satisfy the "restricted" profile."""
     enforce_restricted(e2e)
     name = "restricted-ok"
     e2e.create(ddpjob_manifest(name, e2e.image, command=python_command("print('admitted')")))
@@ -26,7 +26,7 @@ def test_default_pods_are_admitted_under_restricted_pod_security(e2e):
 
 
 def test_template_that_breaks_restricted_fails_with_the_admission_message(e2e):
-    """Scenario 12b: a template asking for root is refused by Pod Security admission; the job
+    """a template asking for root is refused by Pod Security admission; the job
     fails with the API server's message, and nothing is left behind."""
     enforce_restricted(e2e)
     name = "wants-root"

@@ -1,4 +1,4 @@
-"""End-to-end: real training jobs from `kubectl apply` to Succeeded (issue 4, scenarios 1-3)."""
+"""End-to-end: real training jobs from `kubectl apply` to Succeeded."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +13,7 @@ TRAINING_TIMEOUT = 240  # seconds; a run takes 20-40 s on 2 cores
 
 
 def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
-    """Scenario 1: examples/ddpjob.yaml, unchanged, with kubectl."""
+    """examples/ddpjob.yaml, unchanged, with kubectl."""
     kubectl("apply", "-n", e2e.namespace, "-f", str(EXAMPLES / "ddpjob.yaml"))
     status = e2e.wait_until_finished("ddpjob-example", TRAINING_TIMEOUT)
     assert status["phase"] == "Succeeded", status
@@ -39,7 +39,7 @@ def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
 
 
 def test_three_nodes_two_processes_each_train_six_ranks(e2e):
-    """Scenario 2: 3 nodes x 2 processes per node = 6 ranks, under torchrun in each pod."""
+    """3 nodes x 2 processes per node = 6 ranks, under torchrun in each pod."""
     name = "six-ranks"
     # 96 samples / 6 ranks / batch 8 = 2 steps per epoch; 2 epochs.
     e2e.create(ddpjob_manifest(
@@ -66,7 +66,7 @@ def test_three_nodes_two_processes_each_train_six_ranks(e2e):
 
 
 def test_plain_env_script_runs_unmodified(e2e, kubectl):
-    """Scenario 3: a user's plain env:// script (one process per pod, no torchrun), shipped in a
+    """a user's plain env:// script (one process per pod, no torchrun), shipped in a
     ConfigMap by examples/ddpjob-plain-env.yaml, applied unchanged."""
     kubectl("apply", "-n", e2e.namespace, "-f", str(EXAMPLES / "ddpjob-plain-env.yaml"))
     status = e2e.wait_until_finished("plain-env-ddp", TRAINING_TIMEOUT)
