@@ -247,7 +247,7 @@ def test_cli_without_filename_is_a_usage_error(capsys):
 
 def test_cli_as_a_process_never_prints_a_traceback(tmp_path):
     f = _write(tmp_path, "job.yaml", "spec: [\n")
-    done = subprocess.run([sys.executable, "-m", "ddpjob.cli.validate", "-f", f],
+    done = subprocess.run([sys.executable, "-m", "ddpjob.cli", "validate", "-f", f],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr == f"{f}: line 2, column 1: invalid YAML: expected the node content, but found " \

@@ -14,6 +14,7 @@ import yaml
 
 from ddpjob.controller import builders
 from ddpjob.api import spec
+from ddpjob.cli.common import add_filename_argument
 from ddpjob.api.loader import ManifestError, load_ddpjobs
 
 EXIT_OK = 0
@@ -48,23 +49,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "render", help="print the Service and Pods the operator would create for a DDPJob",
         description=__doc__.split("\n\n")[0] + " Exit 0, or 2 with one line per problem if invalid.")
-    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
-                        help="manifest file, '-' for standard input (repeatable)")
+    add_filename_argument(parser)
     parser.add_argument("-n", "--namespace", default="default",
                         help="namespace for a DDPJob whose manifest names none (default: %(default)s)")
     parser.add_argument("--attempt", type=int, default=0, metavar="N",
                         help="render the pods of restart attempt N (default: %(default)s)")
     parser.set_defaults(handler=run_render)
     return parser
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m ddpjob.cli.render -f FILE``: the subcommand on its own."""
-    parser = argparse.ArgumentParser(prog="ddpjob")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["render", *(sys.argv[1:] if argv is None else argv)])
-    return args.handler(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,6 +14,7 @@ import sys
 from typing import Any, Optional, TextIO
 
 from ddpjob.api import names
+from ddpjob.cli.common import add_filename_argument
 from ddpjob.api.loader import (ManifestError, display_name, no_ddpjob_line, problems_by_document,
                                read_documents)
 
@@ -58,19 +59,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "validate", help="check DDPJob manifests as the API server and the operator would",
         description=__doc__.split("\n\n")[0] + " Exit 0 when valid, 2 otherwise.")
-    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
-                        help="manifest file, '-' for standard input (repeatable)")
+    add_filename_argument(parser)
     parser.set_defaults(handler=run_validate)
     return parser
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m ddpjob.cli.validate -f FILE``: the subcommand on its own."""
-    parser = argparse.ArgumentParser(prog="ddpjob")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])
-    return args.handler(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
