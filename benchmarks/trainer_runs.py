@@ -63,7 +63,8 @@ def checkout_env(threads: int | None = None) -> dict[str, str]:
     """This checkout's packages first on the path (the benchmark measures this tree, installed
     or not), and ``threads`` intra-op threads per process when given."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer")]
+    # The repository root too: a worker may be a benchmark module itself (`-m benchmarks.X`).
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer"), str(REPO)]
                                         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)

@@ -96,7 +96,7 @@ def run(a: argparse.Namespace) -> dict:
     fake_size = total * images_per_step + images_per_step  # one epoch covers the run
     common = ["--batch-size", str(a.batch_size), "--num-workers", str(a.num_workers),
               "--log-every", str(a.log_every)]
-    plain = trainer_runs.torchrun(a.nproc, __file__, "--plain-worker", "--total-steps", str(total),
+    plain = trainer_runs.torchrun(a.nproc, "-m", __spec__.name, "--plain-worker", "--total-steps", str(total),
                                   "--fake-size", str(fake_size), *common)
     ips: dict[str, list[float]] = {"plain": [], "trainer": []}
     cpu: dict[str, list[float]] = {"plain": [], "trainer": []}

@@ -2,7 +2,8 @@
 # Installs what the cluster test bed (tests/cluster) needs beyond the project's Python
 # packages, and checks what it cannot install. Idempotent: a second run changes nothing.
 #
-#   - iproute2 (ip netns, veth, bridges) and util-linux (flock, unshare, mount) from Debian;
+#   - iproute2 (ip netns, veth, bridges), util-linux (flock, unshare, mount) and iptables (the
+#     bed accepts its bridge's traffic where a Docker engine set FORWARD to DROP) from Debian;
 #   - the Python packages the fixtures use, at ci/constraints.txt's pins (scripts/setup.sh
 #     installs them too; this keeps the test bed usable on its own);
 #   - Go >= 1.26, which scripts/build-control-plane.sh needs the first time (Debian's golang
@@ -19,6 +20,7 @@ die() { log "ERROR: $*"; exit 1; }
 missing_packages=()
 command -v ip >/dev/null || missing_packages+=(iproute2)
 { command -v flock && command -v unshare && command -v mount; } >/dev/null || missing_packages+=(util-linux)
+command -v iptables >/dev/null || missing_packages+=(iptables)
 if [[ ${#missing_packages[@]} -gt 0 ]]; then
   command -v apt-get >/dev/null || die "missing ${missing_packages[*]} and no apt-get to install them"
   log "installing ${missing_packages[*]}"

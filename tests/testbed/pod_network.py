@@ -16,9 +16,12 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.testbed import host_firewall
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,12 @@ class Bridge:
         self._next = int(ipaddress.ip_address(self.gateway)) + 1
         self._veth_token = secrets.token_hex(2)
         self._veth_counter = 0
+        # Namespaces carry the bridge's name: a second test bed (another bridge) starting on the
+        # same host cleans up only its own leftovers, never this one's live pods.
+        self.netns_prefix = f"{NETNS_PREFIX}{name}-"
+
+    def netns_name(self, suffix: str) -> str:
+        return f"{self.netns_prefix}{suffix}"
 
     def check_no_overlap(self) -> None:
         """Refuse a CIDR the host already routes: we would hijack real traffic."""
@@ -101,17 +110,52 @@ class Bridge:
                 )
 
     def setup(self) -> None:
-        """(Re)create the bridge, removing whatever a crashed run left behind."""
-        remove_stale_namespaces()
+        """(Re)create the bridge, removing whatever a crashed run left behind; then make sure
+        pods on it can talk to each other, or say why they cannot."""
+        remove_stale_namespaces(self.netns_prefix)
         subprocess.run(["ip", "link", "del", self.name], capture_output=True)
         self.check_no_overlap()
         _ip("link", "add", self.name, "type", "bridge")
         _ip("addr", "add", f"{self.gateway}/{self.network.prefixlen}", "dev", self.name)
         _ip("link", "set", self.name, "up")
+        host_firewall.accept_bridged_traffic(self.name)
+        self.check_pods_can_connect()
 
     def teardown(self) -> None:
-        remove_stale_namespaces()
+        remove_stale_namespaces(self.netns_prefix)
+        host_firewall.remove_rules(self.name)
         subprocess.run(["ip", "link", "del", self.name], capture_output=True)
+
+    def check_pods_can_connect(self, timeout: float = 5.0) -> None:
+        """Two throwaway pods on the bridge, one TCP connection between them. A host whose
+        firewall drops bridged traffic lets pods resolve names (DNS is host-to-pod) but never
+        connect: training would hang on its rendezvous. Fail here instead, saying why."""
+        tag = secrets.token_hex(3)
+        server = self.create_pod_network(self.netns_name(f"probe-{tag}-a"), "", "")
+        client = self.create_pod_network(self.netns_name(f"probe-{tag}-b"), "", "")
+        listener = None
+        try:
+            listener = subprocess.Popen(
+                ["ip", "netns", "exec", server.netns, sys.executable, "-I", "-S", "-c", _PROBE_SERVER],
+                stdout=subprocess.PIPE, text=True)
+            ready = listener.stdout.readline().strip() if listener.stdout else ""
+            reply = subprocess.run(
+                ["ip", "netns", "exec", client.netns, sys.executable, "-I", "-S", "-c",
+                 _PROBE_CLIENT.format(ip=server.ip, port=_PROBE_PORT, timeout=timeout)],
+                capture_output=True, text=True, timeout=timeout + 10)
+            if ready != "listening" or reply.stdout.strip() != "ok":
+                raise RuntimeError(
+                    f"pods on bridge {self.name} cannot connect to each other ({server.ip}:"
+                    f"{_PROBE_PORT} from {client.ip}: {_last_line(reply.stderr) or 'no reply'}). "
+                    f"The host filters bridged traffic: {host_firewall.describe()}. "
+                    f"Allow it with: iptables -I FORWARD -i {self.name} -o {self.name} -j ACCEPT "
+                    "(the test bed adds this rule itself when iptables is installed)")
+        finally:
+            if listener is not None:
+                listener.kill()
+                listener.wait()
+            self.release(server)
+            self.release(client)
 
     def _allocate_ip(self) -> str:
         with self._lock:
@@ -163,15 +207,37 @@ class Bridge:
             self._in_use.discard(network.ip)
 
 
-def remove_stale_namespaces() -> None:
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1][:200] if lines else ""
+
+
+_PROBE_PORT = 29999
+_PROBE_SERVER = f"""
+import socket
+s = socket.socket()
+s.bind(("0.0.0.0", {_PROBE_PORT}))
+s.listen()
+print("listening", flush=True)
+c, _ = s.accept()
+c.sendall(b"ok")
+c.close()
+"""
+_PROBE_CLIENT = """
+import socket
+print(socket.create_connection(("{ip}", {port}), timeout={timeout}).recv(2).decode())
+"""
+
+
+def remove_stale_namespaces(prefix: str) -> None:
     if NETNS_RUN_DIR.is_dir():
         for entry in NETNS_RUN_DIR.iterdir():
-            if entry.name.startswith(NETNS_PREFIX):
+            if entry.name.startswith(prefix):
                 kill_netns_processes(entry.name)
                 subprocess.run(["ip", "netns", "del", entry.name], capture_output=True)
     if NETNS_ETC_DIR.is_dir():
         for entry in NETNS_ETC_DIR.iterdir():
-            if entry.name.startswith(NETNS_PREFIX):
+            if entry.name.startswith(prefix):
                 shutil.rmtree(entry, ignore_errors=True)
 
 

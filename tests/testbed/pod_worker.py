@@ -186,7 +186,7 @@ class PodWorker(threading.Thread):
         spec = self.pod["spec"]
         hostname = (spec.get("hostname") or self.pod_name)[:63]
         return self.context.bridge.create_pod_network(
-            netns=f"ddpjob-{self.uid[:23]}",
+            netns=self.context.bridge.netns_name(self.uid[:23]),
             hosts=hosts_file(hostname, spec.get("subdomain"), self.namespace),
             resolv_conf=resolv_conf(self.context.bridge.gateway, self.namespace),
         )
