@@ -107,20 +107,22 @@ def ddpjob_names(kubectl, ns: str) -> list[str]:
 
 
 # -- the policy ------------------------------------------------------------------------------
-def test_policy_and_binding_are_installed_and_type_check(cluster, kubectl, manifests_applied):
-    """kubectl apply -k manifests/ installs both, and the API server type-checks every CEL
-    expression of the policy against the CRD's schema without a warning."""
-    kubectl("get", "validatingadmissionpolicybinding", POLICY)
+@pytest.mark.parametrize("policy", [POLICY, "ddpjob-operator-owned-children"])
+def test_policies_and_bindings_are_installed_and_type_check(cluster, kubectl, manifests_applied,
+                                                            policy):
+    """kubectl apply -k manifests/ installs each policy and its binding, and the API server
+    type-checks every CEL expression against the schemas it matches without a warning."""
+    kubectl("get", "validatingadmissionpolicybinding", policy)
 
     def checked() -> dict | None:
-        policy = json.loads(kubectl("get", "validatingadmissionpolicy", POLICY, "-o",
-                                    "json").stdout)
-        status = policy.get("status", {})
-        if status.get("observedGeneration") != policy["metadata"]["generation"]:
+        document = json.loads(kubectl("get", "validatingadmissionpolicy", policy, "-o",
+                                      "json").stdout)
+        status = document.get("status", {})
+        if status.get("observedGeneration") != document["metadata"]["generation"]:
             return None
         return status
 
-    status = cluster.wait_for(checked, 30, f"type checking of {POLICY}")
+    status = cluster.wait_for(checked, 30, f"type checking of {policy}")
     assert not status.get("typeChecking", {}).get("expressionWarnings"), status
 
 
@@ -254,3 +256,64 @@ def test_builtin_edit_may_run_ddpjobs_and_view_may_only_read(cluster, kubectl, n
     for user in (editor, viewer, admin):
         assert can_i(kubectl, user, "get", "pods", ns), user
         assert can_i(kubectl, user, "get", "pods/log", ns), user
+
+
+# -- the operator's side: only what a DDPJob controls ---------------------------------------
+OPERATOR_USER = "system:serviceaccount:ddpjob-system:ddpjob-operator"
+GUARD = "ddpjob-operator-owned-children"
+
+
+def pending_pod(name: str, owner: dict | None = None) -> str:
+    """A pod no node can take (it stays Pending, nothing runs)."""
+    meta: dict = {"name": name}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {
+        "nodeSelector": {"ddpjob.dev/test-no-such-node": "true"},
+        "containers": [{"name": "c", "image": IMAGE, "command": ["true"]}]}})
+
+
+def test_operator_may_create_and_delete_only_what_a_ddpjob_controls(cluster, kubectl, ns):
+    """Its ClusterRole lets the operator create and delete any pod; the second policy lets
+    it touch only pods and Services with a DDPJob as their controller."""
+    kubectl("create", "-n", ns, "-f", "-", input=job("owner"))
+    uid = kubectl("get", "ddpjob", "owner", "-n", ns, "-o", "jsonpath={.metadata.uid}").stdout
+    owner = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "DDPJob", "name": "owner", "uid": uid,
+             "controller": True, "blockOwnerDeletion": True}
+
+    def refused_by_guard(result) -> bool:
+        return result.returncode != 0 and f"ValidatingAdmissionPolicy '{GUARD}'" in result.stderr
+
+    stray = lambda: as_user(kubectl, OPERATOR_USER, "create", "-n", ns, "-f", "-",  # noqa: E731
+                            input=pending_pod("stray"))
+    cluster.wait_for(lambda: refused_by_guard(stray()), 30, f"{GUARD} to refuse an unowned pod")
+    result = stray()
+    assert ("the DDPJob operator may create only pods that a DDPJob controls, and pods/stray "
+            "has no controller ownerReference to a DDPJob") in result.stderr, result.stderr
+    not_controller = {**owner, "controller": False}
+    result = as_user(kubectl, OPERATOR_USER, "create", "-n", ns, "-f", "-",
+                     input=pending_pod("not-controlled", not_controller))
+    assert refused_by_guard(result), result.stderr
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "stray"},
+               "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}}
+    result = as_user(kubectl, OPERATOR_USER, "create", "-n", ns, "-f", "-",
+                     input=json.dumps(service))
+    assert refused_by_guard(result), result.stderr
+
+    result = as_user(kubectl, OPERATOR_USER, "create", "-n", ns, "-f", "-",
+                     input=pending_pod("owned", owner))
+    assert result.returncode == 0, result.stderr
+
+    # Someone else's pod, even labelled as the job's, is not the operator's to delete.
+    kubectl("create", "-n", ns, "-f", "-", input=pending_pod("users-pod"))
+    kubectl("label", "pod", "users-pod", "-n", ns, "ddpjob.dev/job-name=owner")
+    result = as_user(kubectl, OPERATOR_USER, "delete", "pod", "users-pod", "-n", ns,
+                     "--wait=false")
+    assert refused_by_guard(result), result.stderr
+    assert "may delete only pods that a DDPJob controls" in result.stderr
+    kubectl("get", "pod", "users-pod", "-n", ns)
+    result = as_user(kubectl, OPERATOR_USER, "delete", "pod", "owned", "-n", ns,
+                     "--grace-period=0", "--force", "--wait=false")
+    assert result.returncode == 0, result.stderr
+    # Anyone else is not matched: the admin deletes the user's pod as before.
+    kubectl("delete", "pod", "users-pod", "-n", ns, "--wait=false")
