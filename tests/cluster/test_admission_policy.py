@@ -81,9 +81,9 @@ def refused_by_policy(result) -> bool:
 
 
 def create_until_decided(cluster, ns: str, user: str, manifest: str, *, admitted: bool):
-    """Create as user until the expected verdict. RBAC bindings and the policy reach the
-    API server's caches a moment after they are written, so the first try may not see them;
-    the verdict then has to hold (the policy can only be late, never wrong)."""
+    """Create as user until the expected verdict (30 s at most). RBAC bindings reach the API
+    server's authorizer cache a moment after they are written, so the first try may still be
+    refused by RBAC itself; only the expected verdict ends the wait."""
     outcome = {}
 
     def decided() -> bool:
