@@ -1,0 +1,101 @@
+"""The security parts of manifests/ agree with each other (docs/security.md). What they do on
+a real API server is tests/cluster/test_admission_policy.py; this catches drift in seconds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.unit
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+POLICY_API = "admissionregistration.k8s.io/v1"
+
+
+def documents(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+
+
+def by_kind(name: str, kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in documents(name) if d["kind"] == kind}
+
+
+def test_kubectl_apply_k_installs_the_policies_and_the_roles():
+    resources = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
+    assert "admission-policy.yaml" in resources and "user-roles.yaml" in resources
+
+
+def test_every_policy_is_bound_to_deny_and_fails_closed():
+    policies = by_kind("admission-policy.yaml", "ValidatingAdmissionPolicy")
+    bindings = by_kind("admission-policy.yaml", "ValidatingAdmissionPolicyBinding")
+    assert set(policies) == {"ddpjob-creator-rights", "ddpjob-operator-owned-children"}
+    assert {b["spec"]["policyName"] for b in bindings.values()} == set(policies)
+    for document in (*policies.values(), *bindings.values()):
+        assert document["apiVersion"] == POLICY_API
+    for binding in bindings.values():
+        assert binding["spec"]["validationActions"] == ["Deny"]
+    for policy in policies.values():
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        for validation in policy["spec"]["validations"]:
+            assert validation["reason"] == "Forbidden" and validation["messageExpression"]
+
+
+def test_creator_policy_checks_pods_services_and_the_service_account():
+    policy = by_kind("admission-policy.yaml", "ValidatingAdmissionPolicy")["ddpjob-creator-rights"]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [{"apiGroups": ["ddpjob.dev"], "apiVersions": ["*"],
+                      "operations": ["CREATE", "UPDATE"], "resources": ["ddpjobs"]}]
+    checks = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    for needle in ("resource('pods')", "resource('services')", "check('create')",
+                   "resource('serviceaccounts')", "check('impersonate')"):
+        assert needle in checks, needle
+
+
+def test_operator_guard_names_the_operators_service_account():
+    """If the ServiceAccount of rbac.yaml were renamed, the guard would silently stop matching."""
+    account = next(d for d in documents("rbac.yaml") if d["kind"] == "ServiceAccount")
+    user = f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+    guard = by_kind("admission-policy.yaml",
+                    "ValidatingAdmissionPolicy")["ddpjob-operator-owned-children"]
+    [condition] = guard["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == '{user}'"
+    operator_role = by_kind("rbac.yaml", "ClusterRole")["ddpjob-operator"]
+    created = {r for rule in operator_role["rules"] for r in rule["resources"]
+               if {"create", "delete"} & set(rule["verbs"]) and rule["apiGroups"] == [""]}
+    guarded = set(guard["spec"]["matchConstraints"]["resourceRules"][0]["resources"])
+    assert created - {"events"} <= guarded
+
+
+def test_roles_for_people_aggregate_like_kubernetes_workloads():
+    roles = by_kind("user-roles.yaml", "ClusterRole")
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert roles["ddpjob-view"]["metadata"]["labels"][aggregate + "view"] == "true"
+    assert roles["ddpjob-edit"]["metadata"]["labels"][aggregate + "edit"] == "true"
+    assert roles["ddpjob-edit"]["metadata"]["labels"][aggregate + "admin"] == "true"
+    for rule in roles["ddpjob-view"]["rules"]:
+        assert set(rule["verbs"]) == {"get", "list", "watch"}
+    for role in roles.values():
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+            if "ddpjobs/status" in rule["resources"]:  # only the operator writes the status
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}
+
+
+def test_operator_rbac_is_least_privilege():
+    """Exactly the verbs docs/operator.md's "Permissions" table explains: no reads by name, no
+    edits of other objects, no Secrets, no wildcards."""
+    granted = {}
+    for role in by_kind("rbac.yaml", "ClusterRole").values():
+        for rule in role["rules"]:
+            for resource in rule["resources"]:
+                granted.setdefault(resource, set()).update(rule["verbs"])
+    assert granted == {
+        "customresourcedefinitions": {"list", "watch"},
+        "namespaces": {"list", "watch"},
+        "ddpjobs": {"list", "watch", "delete"},
+        "ddpjobs/status": {"patch"},
+        "pods": {"list", "watch", "create", "delete"},
+        "services": {"create"},
+        "events": {"create"},
+    }
