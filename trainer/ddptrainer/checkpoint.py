@@ -28,7 +28,10 @@ import torch.distributed as dist
 from .distributed import DistContext
 from .errors import CheckpointError
 
-FORMAT_VERSION = 1
+#: 2: progress within the epoch in samples (``samples_in_epoch``); 1 stored batches
+#: (``batch_in_epoch``), still read: see samples_in_epoch().
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
 _TEMP = re.compile(r"^\.step-\d{8,}\.pt\.tmp-\d+$")
 
@@ -90,9 +93,27 @@ def prune(folder: str, keep: int) -> None:
 def read(path: str) -> dict:
     # weights_only: a checkpoint on a shared volume must not be able to run code.
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path} is not a ddptrain checkpoint (format {FORMAT_VERSION})")
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"{path} is not a ddptrain checkpoint")
+    if state["format"] not in READABLE_FORMATS:
+        raise CheckpointError(f"{path} is a ddptrain checkpoint of format {state['format']!r}, "
+                              f"written by another version; this one reads formats "
+                              f"{', '.join(map(str, READABLE_FORMATS))}")
     return state
+
+
+def samples_in_epoch(state: dict, batch_size: int) -> int:
+    """Samples of the saved epoch the whole gang had consumed.
+
+    A format-1 checkpoint stored batches per rank instead; every rank had done that many
+    batches of ``batch_size`` from the same epoch order, so the gang had consumed
+    batches x batch size x world size samples of it (exact, padding aside). The earliest
+    files did not record their batch size: ``batch_size`` (this run's) stands in for it.
+    """
+    if "samples_in_epoch" in state:
+        return int(state["samples_in_epoch"])
+    saved_batch = int(state.get("batch_size", batch_size))
+    return int(state["batch_in_epoch"]) * saved_batch * int(state["world_size"])
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:

@@ -110,27 +110,50 @@ def build_dataset(config: TrainConfig, ctx: DistContext) -> DataInfo:
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """DistributedSampler that can start an epoch part-way, to resume mid-epoch.
+    """DistributedSampler that can start an epoch part-way, with any number of ranks.
 
-    The shard of each rank is a function of (seed, epoch) only, so skipping the first
-    ``skip`` samples of this epoch's shard puts a restarted rank exactly where it stopped.
+    An epoch is one global order of the samples: a permutation that depends on (seed, epoch)
+    only, never on the world size. DistributedSampler deals it out round-robin (rank r gets
+    positions r, r + W, ...), so after k batches of B on every rank the gang has consumed
+    exactly the first k * B * W positions of that order. ``set_epoch(epoch, start=P)`` deals
+    out what is left, positions P onward, to this gang: a resume with the same world size gets
+    exactly the rest of its shards, one with another world size still sees every remaining
+    sample once. Padding (a shard count that does not divide the rest) repeats samples from
+    the head of the order, as DistributedSampler does; with ``start=0`` the order is
+    DistributedSampler's own.
     """
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed,
                          drop_last=False)
-        self._skip = 0
+        self.dataset_len = len(dataset)  # type: ignore[arg-type]
+        self._start = 0
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:  # type: ignore[override]
+    def set_epoch(self, epoch: int, start: int = 0) -> None:  # type: ignore[override]
+        """``start``: samples of this epoch the gang (of any size) has already consumed."""
         super().set_epoch(epoch)
-        self._skip = max(0, min(skip, self.num_samples))
+        self._start = max(0, min(start, self.dataset_len))
+
+    def global_order(self) -> list[int]:
+        """This epoch's order of all samples (the same for every world size)."""
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.dataset_len, generator=g).tolist()
+
+    def _rest(self) -> int:
+        return self.dataset_len - self._start
 
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
-        return iter(indices[self._skip:])
+        order = self.global_order()
+        rest = order[self._start:]
+        padding = -len(rest) % self.num_replicas
+        if rest and padding:
+            head = order * math.ceil(padding / len(order))
+            rest += head[:padding]
+        return iter(rest[self.rank::self.num_replicas])
 
     def __len__(self) -> int:
-        return self.num_samples - self._skip
+        return math.ceil(self._rest() / self.num_replicas)
 
 
 def _ignore_termination_signals(_worker_id: int) -> None:
@@ -156,9 +179,16 @@ def build_loader(config: TrainConfig, ctx: DistContext, data: DataInfo
     return loader, sampler
 
 
-def steps_per_epoch(sampler: DistributedSampler, batch_size: int) -> int:
-    """Batches per epoch per rank: the same on every rank (the sampler pads the shards)."""
-    return math.ceil(sampler.num_samples / batch_size)
+def steps_per_epoch(sampler: ResumableDistributedSampler, batch_size: int) -> int:
+    """Batches per rank in a whole epoch: the same on every rank (the sampler pads)."""
+    return math.ceil(math.ceil(sampler.dataset_len / sampler.num_replicas) / batch_size)
+
+
+def steps_left_in_epoch(sampler: ResumableDistributedSampler, batch_size: int,
+                        start: int) -> int:
+    """Batches per rank that finish an epoch of which ``start`` samples are already done."""
+    rest = max(0, sampler.dataset_len - start)
+    return math.ceil(math.ceil(rest / sampler.num_replicas) / batch_size)
 
 
 def batch_to_device(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device,

@@ -1,8 +1,11 @@
 """The training loop: steps, epochs, logging windows, checkpoints, resume and preemption.
 
-The step count is global and survives restarts: a checkpoint stores (epoch, batch within the
-epoch, step), and a resumed run skips the batches its epoch already consumed, so "N steps
-straight" and "N/2 steps, crash, resume, N/2 steps" see the same batches in the same order.
+The step count is global and survives restarts. Progress within an epoch is kept in samples,
+not steps: a checkpoint stores (epoch, samples of the epoch consumed by the whole gang, step),
+and a resumed run, of any world size or batch size, deals out the rest of that epoch's sample
+order (data.ResumableDistributedSampler). So "N steps straight" and "N/2 steps, crash, resume,
+N/2 steps" see the same batches in the same order, and a resume on fewer or more ranks sees
+every remaining sample of the epoch once and stops after --epochs.
 
 Host-device synchronisation happens on log steps only: the loss is accumulated as a tensor
 and averaged across ranks (one all-reduce, one ``.item()``) every ``--log-every`` steps.
@@ -22,7 +25,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import checkpoint
 from .config import TrainConfig
-from .data import DataInfo, batch_to_device, build_loader, steps_per_epoch
+from .data import (DataInfo, batch_to_device, build_loader, steps_left_in_epoch,
+                   steps_per_epoch)
 from .distributed import DistContext, barrier
 from .errors import ConfigError, Preempted
 from .models import build_model
@@ -61,12 +65,11 @@ class Trainer:
         self.optimizer = self._build_optimizer(model)
         self.loader, self.sampler = build_loader(config, ctx, data)
         self.steps_per_epoch = steps_per_epoch(self.sampler, config.batch_size)
-        full = config.epochs * self.steps_per_epoch
-        self.total_steps = min(full, config.max_steps) if config.max_steps else full
         self.bf16 = config.precision == "bf16" or (
             config.precision == "auto" and ctx.device.type == "cuda")
         self.loss_fn = nn.CrossEntropyLoss()
-        self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
+        # epoch_samples: samples of the current epoch the gang has consumed (all ranks).
+        self.epoch, self.epoch_samples, self.step = 0, 0, 0
         self.last_saved_step: Optional[int] = None
         self.last_checkpoint: Optional[str] = None
         self.last_loss: Optional[float] = None
@@ -83,6 +86,7 @@ class Trainer:
                               "empty --checkpoint-dir, or delete them")
         if newest:
             self._resume(newest)
+        self.total_steps = self._plan_total_steps()
         # Wrap after loading: DDP broadcasts rank 0's parameters at construction anyway.
         self.ddp: nn.Module = (DDP(model, device_ids=[ctx.device.index]
                                    if ctx.device.type == "cuda" else None)
@@ -110,21 +114,31 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
-        self.batch_in_epoch = int(state["batch_in_epoch"])
+        self.epoch_samples = checkpoint.samples_in_epoch(state, self.config.batch_size)
         saved_world = int(state["world_size"])
         saved_batch = int(state.get("batch_size", self.config.batch_size))
         if saved_world == self.ctx.world_size and saved_batch == self.config.batch_size:
             checkpoint.restore_rng(state["rng"][self.ctx.rank], self.ctx.device)
-        else:
-            # Another gang size shards the epoch differently: continue after the same number
-            # of samples (rounded down to a whole batch), which is as close as it gets.
-            seen = self.batch_in_epoch * saved_batch * saved_world
-            self.batch_in_epoch = seen // (self.config.batch_size * self.ctx.world_size)
-        if self.batch_in_epoch >= self.steps_per_epoch:
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        # else: nothing to restore per rank (another gang); the data order does not need it.
+        if self.epoch_samples >= self.sampler.dataset_len:
+            self.epoch, self.epoch_samples = self.epoch + 1, 0
         self.last_saved_step, self.last_checkpoint = self.step, path
         self.last_loss = state.get("loss")
-        self.resumed_from = path
+        self.resumed_from = (f"{path} at step={self.step} (epoch {self.epoch + 1}, "
+                             f"{self.epoch_samples}/{self.sampler.dataset_len} samples done; "
+                             f"saved by world_size={saved_world}, now {self.ctx.world_size})")
+
+    def _plan_total_steps(self) -> int:
+        """The global step at which training ends: what is left of this epoch and the later
+        ones, counted with this gang's world size and batch size (which may differ from those
+        of the run that wrote the checkpoint), capped by --max-steps."""
+        c = self.config
+        left = 0
+        if self.epoch < c.epochs:
+            left = (steps_left_in_epoch(self.sampler, c.batch_size, self.epoch_samples)
+                    + (c.epochs - self.epoch - 1) * self.steps_per_epoch)
+        total = self.step + left
+        return min(total, c.max_steps) if c.max_steps else total
 
     def _save(self, blocking: bool = False) -> str:
         """Periodic saves write in the background; the final and SIGTERM ones block."""
@@ -132,7 +146,7 @@ class Trainer:
             if blocking:
                 checkpoint.flush(self.ctx, self.writer)
             return self.last_checkpoint or ""
-        state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+        state = {"step": self.step, "epoch": self.epoch, "samples_in_epoch": self.epoch_samples,
                  "batch_size": self.config.batch_size, "loss": self.last_loss,
                  "compat": _compatibility(self.config, self.data),
                  "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -177,7 +191,7 @@ class Trainer:
         for note in self.notes:
             self.progress.note(note)
         if self.resumed_from:
-            self.progress.note(f"resumed from {self.resumed_from} at step={self.step}")
+            self.progress.note(f"resumed from {self.resumed_from}")
         if self.step >= self.total_steps:
             self.progress.note(f"nothing left to train: step={self.step} >= "
                                f"total_steps={self.total_steps}")
@@ -185,7 +199,9 @@ class Trainer:
         window_steps, data_wait = 0, 0.0
         window_start = time.perf_counter()
         while self.step < self.total_steps:
-            self.sampler.set_epoch(self.epoch, skip=self.batch_in_epoch * c.batch_size)
+            if self.epoch >= c.epochs:
+                break
+            self.sampler.set_epoch(self.epoch, start=self.epoch_samples)
             batches = iter(self.loader)
             while self.step < self.total_steps:
                 if self.stop.poll():
@@ -198,7 +214,8 @@ class Trainer:
                 window_sum += self._run_batch(batch)
                 window_steps += 1
                 self.step += 1
-                self.batch_in_epoch += 1
+                # Every rank's batch has the same size (the sampler pads the shards equally).
+                self.epoch_samples += len(batch[1]) * ctx.world_size
                 if self.step % c.log_every == 0 or self.step == self.total_steps:
                     self.last_loss = self._mean_loss(window_sum, window_steps)
                     now = time.perf_counter()
@@ -214,8 +231,10 @@ class Trainer:
                     window_steps, data_wait, window_start = 0, 0.0, time.perf_counter()
                 if c.checkpoint_every and self.step % c.checkpoint_every == 0:
                     self._save()  # rank 0 writes it in the background
-            if self.batch_in_epoch >= self.steps_per_epoch:
-                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            # The shards are dealt out from the epoch's order, so the gang has consumed a
+            # prefix of it: the epoch is over once that prefix covers every sample.
+            if self.epoch_samples >= self.sampler.dataset_len:
+                self.epoch, self.epoch_samples = self.epoch + 1, 0
                 if self.step < self.total_steps:
                     self._save()  # epoch end
         if window_steps:  # the loop ended off a log step (cannot happen today; be safe)
