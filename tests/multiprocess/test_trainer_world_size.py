@@ -87,7 +87,6 @@ def test_resume_on_another_world_size_is_sample_exact(mp, tmp_path, trainer_env,
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     saved = checkpoint.read(checkpoint.latest_checkpoint(str(ckpt)))
     assert saved["step"] == FIRST_STEPS and saved["epoch"] == 0
-    assert saved["samples_in_epoch"] == FIRST_STEPS * BATCH * before
 
     second = mp.run(mp.torchrun(after, str(script), *args), env, timeout=100)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
@@ -107,5 +106,6 @@ def test_resume_on_another_world_size_is_sample_exact(mp, tmp_path, trainer_env,
         assert set(counts) == set(range(N)), f"epoch {epoch}: samples never seen"
         duplicates = sum(c - 1 for c in counts.values())
         assert duplicates < padding_limit and max(counts.values()) <= 2, counts
+    assert saved.get("samples_in_epoch") == FIRST_STEPS * BATCH * before
     # In the interrupted epoch the duplicates are the padding of the new gang's last shards.
     assert len(seen[0]) == FIRST_STEPS * BATCH * before + rest * after

@@ -40,6 +40,8 @@ class DataInfo:
     dataset: Dataset
     in_channels: int
     num_classes: int
+    test_dataset: Optional[Dataset] = None
+    """The test split (MNIST t10k, CIFAR-10 test_batch); None for FakeData or --eval-every 0."""
 
 
 def expected_files(config: TrainConfig) -> tuple[str, list[str]]:
@@ -67,7 +69,7 @@ def _missing_message(config: TrainConfig, folder: str, missing: list[str],
     return msg
 
 
-def _build(config: TrainConfig, download: bool) -> Dataset:
+def _build(config: TrainConfig, download: bool, train: bool = True) -> Dataset:
     root = config.data_dir
     if config.dataset == "fake":
         return datasets.FakeData(
@@ -77,8 +79,8 @@ def _build(config: TrainConfig, download: bool) -> Dataset:
     mean, std = _NORMALIZE[config.dataset]
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
     if config.dataset == "mnist":
-        return datasets.MNIST(root, train=True, transform=tf, download=download)
-    return datasets.CIFAR10(root, train=True, transform=tf, download=download)
+        return datasets.MNIST(root, train=train, transform=tf, download=download)
+    return datasets.CIFAR10(root, train=train, transform=tf, download=download)
 
 
 def build_dataset(config: TrainConfig, ctx: DistContext) -> DataInfo:
@@ -98,6 +100,9 @@ def build_dataset(config: TrainConfig, ctx: DistContext) -> DataInfo:
         raise DataMissingError(_missing_message(config, folder, missing, download_error))
     try:
         ds = _build(config, download=False)
+        # FakeData has no test split (and random labels: an accuracy would mean nothing).
+        evaluate = config.eval_every > 0 and config.dataset != "fake"
+        test = _build(config, download=False, train=False) if evaluate else None
     except RuntimeError as e:  # torchvision: files there but corrupted (CIFAR md5 check)
         raise DataMissingError(f"--data-dir: {config.dataset} in {folder} is unreadable or "
                                f"corrupted ({first_line(e)}); replace the files") from e
@@ -106,7 +111,8 @@ def build_dataset(config: TrainConfig, ctx: DistContext) -> DataInfo:
                                f"{first_line(e)}") from e
     if config.dataset == "fake":
         return DataInfo(ds, in_channels=3, num_classes=config.num_classes)
-    return DataInfo(ds, in_channels=1 if config.dataset == "mnist" else 3, num_classes=10)
+    return DataInfo(ds, in_channels=1 if config.dataset == "mnist" else 3, num_classes=10,
+                    test_dataset=test)
 
 
 class ResumableDistributedSampler(DistributedSampler):

@@ -29,6 +29,7 @@ from .data import (DataInfo, batch_to_device, build_loader, steps_left_in_epoch,
                    steps_per_epoch)
 from .distributed import DistContext, barrier
 from .errors import ConfigError, Preempted
+from .evaluate import EvalResult, Evaluator
 from .models import build_model
 from .preemption import StopAgreement, StopRequest
 from .progress import Progress, eta_seconds
@@ -41,6 +42,8 @@ class TrainResult:
     loss: Optional[float]
     checkpoint: Optional[str]
     elapsed_seconds: float
+    evaluation: Optional[EvalResult] = None
+    """The final model on the test split (None when there is none or --eval-every 0)."""
 
 
 def _compatibility(config: TrainConfig, data: DataInfo) -> dict:
@@ -92,6 +95,10 @@ class Trainer:
                                    if ctx.device.type == "cuda" else None)
                                if ctx.distributed else model)
         self.stop = StopAgreement(ctx, stop)
+        self.evaluator = (Evaluator(config, ctx, data.test_dataset, self.bf16,
+                                    self.channels_last)
+                          if data.test_dataset is not None and config.eval_every else None)
+        self.last_eval: Optional[tuple[int, EvalResult]] = None  # (step, result)
 
     def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         c = self.config
@@ -178,6 +185,21 @@ class Trainer:
             total = total / self.ctx.world_size
         return float(total.item())
 
+    def _evaluate(self) -> Optional[EvalResult]:
+        """Collective: the model on the test split, logged; skipped if done at this step."""
+        if self.evaluator is None:
+            return None
+        if self.last_eval is None or self.last_eval[0] != self.step:
+            result = self.evaluator.run(self.model)
+            self.last_eval = (self.step, result)
+            self.progress.emit(
+                "eval", epoch=self.epoch if self.epoch_samples == 0 else self.epoch + 1,
+                epochs=self.config.epochs, step=self.step, total_steps=self.total_steps,
+                accuracy=round(result.accuracy, 6), correct=result.correct,
+                samples=result.samples, eval_loss=round(result.loss, 6),
+                eval_seconds=round(result.seconds, 2))
+        return self.last_eval[1]
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> TrainResult:
         c, ctx = self.config, self.ctx
@@ -235,15 +257,19 @@ class Trainer:
             # prefix of it: the epoch is over once that prefix covers every sample.
             if self.epoch_samples >= self.sampler.dataset_len:
                 self.epoch, self.epoch_samples = self.epoch + 1, 0
+                if c.eval_every and self.epoch % c.eval_every == 0:
+                    self._evaluate()
                 if self.step < self.total_steps:
                     self._save()  # epoch end
         if window_steps:  # the loop ended off a log step (cannot happen today; be safe)
             self.last_loss = self._mean_loss(window_sum, window_steps)
         path = self._save(blocking=True)
+        evaluation = self._evaluate()  # the final model, unless its epoch end just did
         self._finish()
         return TrainResult(step=self.step, total_steps=self.total_steps, loss=self.last_loss,
                            checkpoint=path or None,
-                           elapsed_seconds=time.perf_counter() - started)
+                           elapsed_seconds=time.perf_counter() - started,
+                           evaluation=evaluation)
 
     def _finish(self) -> None:
         """Every rank's last collective: after it no rank still talks to another, so tearing
