@@ -17,16 +17,18 @@ late directory listing on another node could otherwise pick an older one).
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import threading
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from .distributed import DistContext
-from .errors import CheckpointError
+from .distributed import DistContext, first_line
+from .errors import CheckpointError, ConfigError
 
 #: 2: progress within the epoch in samples (``samples_in_epoch``); 1 stored batches
 #: (``batch_in_epoch``), still read: see samples_in_epoch().
@@ -260,11 +262,103 @@ def _remove_stale_temp_files(folder: str) -> None:
                 pass
 
 
-def load(ctx: DistContext, path: str) -> dict:
-    """Collective: every rank reads ``path``; if any rank cannot, every rank raises."""
-    state, error = None, None
+def unloadable_reason(error: BaseException, path: str) -> Optional[str]:
+    """Why a file that torch.load refused can never load, or None when retrying might help.
+
+    An error of the volume (EIO, a stale NFS handle, EACCES) may pass: retry. An error of the
+    bytes themselves is final: a ddptrain checkpoint is renamed into place only once complete,
+    so a damaged one was damaged after the fact (a bad disk, a copy cut short) and reading it
+    again gives the same answer. torch's zip reader reports a truncated file as an OSError
+    too (EINVAL, seeking past the end), so an OSError counts as the volume's only if reading
+    the plain bytes fails as well.
+    """
+    if isinstance(error, MemoryError):
+        return None
+    if isinstance(error, OSError):
+        try:
+            with open(path, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+        except OSError:
+            return None
+        return f"truncated or damaged ({first_line(error)})"
+    if isinstance(error, EOFError):
+        return "empty or cut short (EOFError)"
+    if isinstance(error, pickle.UnpicklingError):
+        return "not a torch checkpoint file (unpickling failed)"
+    text = str(error)
+    if "zip archive" in text or "central directory" in text or "PytorchStreamReader" in text:
+        return "truncated or damaged (its zip archive cannot be read)"
+    first = text.strip().splitlines()[0][:200] if text.strip() else ""
+    return f"cannot be loaded ({type(error).__name__}: {first})"
+
+
+@dataclass
+class Resumable:
+    """What rank 0 found to resume from: every rank gets path and notes, rank 0 the state."""
+
+    path: Optional[str]
+    notes: list[str]
+    state: Optional[dict] = None
+
+
+def find_resumable(ctx: DistContext, folder: str) -> Resumable:
+    """Collective: the newest checkpoint in ``folder`` that loads, damaged newer ones set aside.
+
+    Rank 0 reads the candidates newest first. A file that can never load is renamed to
+    ``<name>.corrupt`` (kept for inspection, never picked again: not a ``step-N.pt`` name) and
+    named in a warning, and the next older one is tried. When none loads, nothing is renamed
+    and every rank raises ConfigError (exit 2: a restart would read the same bytes); a read
+    that failed for another reason is a retryable CheckpointError.
+    """
+    found, error = Resumable(None, []), None
+    if ctx.is_main:
+        damaged: list[tuple[str, str]] = []
+        for _step, path in reversed(list_checkpoints(folder)):
+            try:
+                found.state, found.path = read(path), path
+                break
+            except Exception as e:  # classified below: damaged for good, or maybe not
+                reason = unloadable_reason(e, path)
+                if reason is None:
+                    error = CheckpointError(f"reading {path} failed: {first_line(e)}")
+                    break
+                damaged.append((path, reason))
+        if error is None and damaged and found.path is None:
+            names = "; ".join(f"{p} ({why})" for p, why in damaged)
+            error = ConfigError(
+                f"--checkpoint-dir: no checkpoint in {folder} can be loaded: {names}. Move the "
+                "damaged files away (or delete them) to start from scratch, or put an intact "
+                "checkpoint there")
+        elif error is None:
+            for path, reason in damaged:
+                found.notes.append(_set_aside(path, reason, found.path))
+    if ctx.distributed:
+        box = [(found.path, found.notes, error)]
+        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
+        found.path, found.notes, error = box[0]
+    if error is not None:
+        raise error
+    return found
+
+
+def _set_aside(path: str, reason: str, instead: Optional[str]) -> str:
+    aside = f"{path}.corrupt"
     try:
-        state = read(path)
+        os.replace(path, aside)
+        kept = f"renamed to {os.path.basename(aside)}"
+    except OSError as e:
+        kept = f"could not be renamed ({e.strerror or e})"
+    return (f"warning: checkpoint {path} is {reason}; {kept}; resuming from {instead} "
+            "instead")
+
+
+def load(ctx: DistContext, path: str, state: Optional[dict] = None) -> dict:
+    """Collective: every rank reads ``path`` (unless it passes the ``state`` it already read);
+    if any rank cannot, every rank raises."""
+    error = None
+    try:
+        state = read(path) if state is None else state
     except Exception as e:
         error = f"rank {ctx.rank}: reading {path} failed: {e}"
     errors = [e for e in _all_gather_objects(ctx, error) if e]

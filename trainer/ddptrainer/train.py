@@ -88,7 +88,7 @@ class Trainer:
                               f"(newest {os.path.basename(newest)}); start from scratch in an "
                               "empty --checkpoint-dir, or delete them")
         if newest:
-            self._resume(newest)
+            self._resume()
         self.total_steps = self._plan_total_steps()
         # Wrap after loading: DDP broadcasts rank 0's parameters at construction anyway.
         self.ddp: nn.Module = (DDP(model, device_ids=[ctx.device.index]
@@ -108,8 +108,13 @@ class Trainer:
                                weight_decay=c.weight_decay)
 
     # ------------------------------------------------------------------ checkpoints
-    def _resume(self, path: str) -> None:
-        state = checkpoint.load(self.ctx, path)
+    def _resume(self) -> None:
+        found = checkpoint.find_resumable(self.ctx, self.config.checkpoint_dir)
+        self.notes.extend(found.notes)
+        if found.path is None:
+            return  # the files went between the listing and now: start from scratch
+        path = found.path
+        state = checkpoint.load(self.ctx, path, found.state)
         want = _compatibility(self.config, self.data)
         have = state.get("compat", {})
         if have != want:
