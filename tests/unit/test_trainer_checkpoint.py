@@ -224,3 +224,18 @@ def test_an_old_format_1_checkpoint_still_resumes(tmp_path, capsys):
     assert _run(tmp_path, "--epochs", "1") == 0
     out = capsys.readouterr().out
     assert "at step=2 (epoch 1, 8/16 samples done" in out and "done step=4/4" in out
+
+
+def test_torchs_writer_error_is_disk_full_only_when_the_volume_is():
+    from ddptrainer import disk_full
+
+    err = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    mib = disk_full.MIB
+    assert disk_full.is_disk_full(err, needed=10 * mib, free_before=mib, free_after=0)
+    assert disk_full.is_disk_full(err, needed=mib, free_before=100 * mib, free_after=0)
+    assert not disk_full.is_disk_full(err, needed=mib, free_before=100 * mib,
+                                      free_after=99 * mib)
+    wrapped = RuntimeError("write failed")
+    wrapped.__cause__ = OSError(28, "No space left on device")
+    assert disk_full.is_disk_full(wrapped, mib, None, None)
+    assert not disk_full.is_disk_full(OSError(5, "Input/output error"), mib, None, None)

@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from .distributed import DistContext, first_line
-from .errors import CheckpointError, ConfigError
+from . import disk_full
+from .errors import CheckpointError, ConfigError, DiskFullError
 
 #: 2: progress within the epoch in samples (``samples_in_epoch``); 1 stored batches
 #: (``batch_in_epoch``), still read: see samples_in_epoch().
@@ -61,16 +62,24 @@ def latest_checkpoint(folder: str) -> Optional[str]:
     return found[-1][1] if found else None
 
 
-def write_atomic(state: dict, path: str) -> None:
+def write_atomic(state: dict, path: str, keep: Optional[int] = None) -> None:
+    """Temp file, fsync, rename. A full volume raises DiskFullError (the others propagate)."""
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    before = disk_full.free_bytes(folder)
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as e:
+        after = disk_full.free_bytes(folder)  # measured with the partial temp file still there
+        needed = disk_full.state_bytes(state)
+        if disk_full.is_disk_full(e, needed, before and before[0], after and after[0]):
+            raise DiskFullError(disk_full.message(path, needed, before, after, keep)) from e
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -161,17 +170,19 @@ class BackgroundWriter:
 
     def __init__(self) -> None:
         self._thread: Optional[threading.Thread] = None
-        self._error: Optional[str] = None
+        self._error: Optional[CheckpointError] = None
 
     def submit(self, state: dict, path: str, folder: str, keep: int) -> None:
         self._join()
 
         def write() -> None:
             try:
-                write_atomic(state, path)
+                write_atomic(state, path, keep)
                 prune(folder, keep)
-            except Exception as e:  # reported by the next wait()
-                self._error = f"writing {path} failed: {e}"
+            except CheckpointError as e:  # reported by the next wait()
+                self._error = e
+            except Exception as e:
+                self._error = CheckpointError(f"writing {path} failed: {first_line(e)}")
 
         # Not a daemon: an interpreter that exits lets the write finish first.
         self._thread = threading.Thread(target=write, name="ddptrain-checkpoint")
@@ -182,7 +193,7 @@ class BackgroundWriter:
             self._thread.join()
             self._thread = None
 
-    def wait(self) -> Optional[str]:
+    def wait(self) -> Optional[CheckpointError]:
         """Wait for the write in flight; the error of the writes since the last wait, if any."""
         self._join()
         error, self._error = self._error, None
@@ -207,24 +218,23 @@ def save(ctx: DistContext, folder: str, keep: int, state: dict,
             writer.submit(_host_copy(full), path, folder, keep)
             if blocking:
                 error = writer.wait()
+    _raise_on_every_rank(ctx, error)
+    return path
+
+
+def _raise_on_every_rank(ctx: DistContext, error: Optional[CheckpointError]) -> None:
+    """Collective: rank 0's outcome of a write (the broadcast is also the barrier)."""
     if ctx.distributed:
         box = [error]
         dist.broadcast_object_list(box, src=0, group=ctx.control_group)
         error = box[0]
-    if error:
-        raise CheckpointError(error)
-    return path
+    if error is not None:
+        raise error
 
 
 def flush(ctx: DistContext, writer: BackgroundWriter) -> None:
     """Collective: wait for rank 0's write in flight; if it failed, every rank raises."""
-    error = writer.wait() if ctx.is_main else None
-    if ctx.distributed:
-        box = [error]
-        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
-        error = box[0]
-    if error:
-        raise CheckpointError(error)
+    _raise_on_every_rank(ctx, writer.wait() if ctx.is_main else None)
 
 
 def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Optional[str]]:

@@ -17,14 +17,14 @@ from . import summary
 from .config import TrainConfig, parse_config
 from .data import build_dataset
 from .distributed import setup, teardown
-from .errors import (ConfigError, DataMissingError, PeerLostError, Preempted, TrainerError,
-                     is_collective_failure)
+from .errors import (ConfigError, DataMissingError, DiskFullError, PeerLostError, Preempted,
+                     TrainerError, is_collective_failure)
 from .preemption import StopRequest
 from .progress import Progress
 from .train import Trainer, TrainResult
 
-# Errors every rank hits identically: one line per node is enough.
-_SAME_ON_EVERY_RANK = (ConfigError, DataMissingError)
+# Errors every rank hits identically (or gets from rank 0): one line per node is enough.
+_SAME_ON_EVERY_RANK = (ConfigError, DataMissingError, DiskFullError)
 
 
 def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
