@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections import Counter
+from math import ceil
 
 import pytest
 
@@ -92,11 +93,12 @@ def test_resume_on_another_world_size_is_sample_exact(mp, tmp_path, trainer_env,
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
     events = _events(second.stdout)
     # The rest of epoch 1 and all of epoch 2, counted with the new gang's shards.
-    rest = -(-(N - FIRST_STEPS * BATCH * before) // after)  # samples per rank
-    total = FIRST_STEPS + -(-rest // BATCH) + -(-(-(-N // after)) // BATCH)
+    rest = ceil((N - FIRST_STEPS * BATCH * before) / after)  # samples per rank, epoch 1
+    total = FIRST_STEPS + ceil(rest / BATCH) + ceil(ceil(N / after) / BATCH)
     assert events[0]["event"] == "start" and events[0]["total_steps"] == total
     progress = [e for e in events if e["event"] == "progress"]
-    assert max(e["epoch"] for e in progress) == EPOCHS and {e["epochs"] for e in progress} == {EPOCHS}
+    assert max(e["epoch"] for e in progress) == EPOCHS
+    assert {e["epochs"] for e in progress} == {EPOCHS}
     assert events[-1]["event"] == "done" and events[-1]["step"] == total
 
     seen = _seen(logs)
