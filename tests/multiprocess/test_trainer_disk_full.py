@@ -53,6 +53,14 @@ def test_a_large_checkpoint_on_a_full_volume_is_disk_full(small_volume):
     assert os.listdir(path.parent) == []  # the partial temp file is gone
 
 
+def test_a_background_write_that_fills_the_volume_is_reported_as_disk_full(small_volume):
+    writer = checkpoint.BackgroundWriter()
+    state = {"step": 1, "model": {"w": torch.zeros(600_000)}}
+    checkpoint.save(SINGLE, str(small_volume), 2, state, writer, blocking=False)
+    with pytest.raises(DiskFullError, match="no space left on the volume"):
+        checkpoint.flush(SINGLE, writer)  # the next save or the final flush reports it
+
+
 def test_the_trainer_exits_4_with_the_reason_when_its_volume_fills(mp, small_volume, tmp_path,
                                                                    trainer_env):
     # Leave a few KiB: less than a checkpoint of even the tiny CNN (with its optimizer state
