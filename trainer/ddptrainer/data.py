@@ -162,7 +162,7 @@ class ResumableDistributedSampler(DistributedSampler):
         return math.ceil(self._rest() / self.num_replicas)
 
 
-def _ignore_termination_signals(_worker_id: int) -> None:
+def ignore_termination_signals(_worker_id: int) -> None:
     # torchrun delivers SIGTERM to the worker's whole process group, loader workers included.
     # A loader worker dying of it would crash the step the rank is trying to finish before it
     # saves; the rank shuts its workers down itself on exit.
@@ -179,7 +179,7 @@ def build_loader(config: TrainConfig, ctx: DistContext, data: DataInfo
     loader = DataLoader(
         data.dataset, batch_size=config.batch_size, sampler=sampler, num_workers=workers,
         pin_memory=pin, drop_last=False, persistent_workers=workers > 0,
-        worker_init_fn=_ignore_termination_signals if workers > 0 else None,
+        worker_init_fn=ignore_termination_signals if workers > 0 else None,
         prefetch_factor=4 if workers > 0 else None,
     )
     return loader, sampler

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .config import TrainConfig
-from .data import batch_to_device
+from .data import batch_to_device, ignore_termination_signals
 from .distributed import DistContext
 
 
@@ -60,7 +60,10 @@ class Evaluator:
         self.loader = DataLoader(
             dataset, batch_size=config.batch_size,
             sampler=ShardSampler(self.length, ctx.world_size, ctx.rank), num_workers=workers,
-            pin_memory=pin, persistent_workers=workers > 0)
+            pin_memory=pin, persistent_workers=workers > 0,
+            # Like the training loader's: a SIGTERM to the process group must not kill them
+            # before the rank has stopped and saved.
+            worker_init_fn=ignore_termination_signals if workers > 0 else None)
 
     def _autocast(self):
         if self.bf16:
