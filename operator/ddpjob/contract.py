@@ -144,6 +144,8 @@ class ExitCode(enum.IntEnum):
     BAD_CONFIG = 2
     #: The data set is not where the configuration says and may not be downloaded. Permanent.
     DATA_MISSING = 3
+    #: No space left on the checkpoint volume. Permanent: a restart writes to the same volume.
+    DISK_FULL = 4
     #: MASTER_ADDR never resolved / its port never opened / the rendezvous timed out. Retryable.
     RENDEZVOUS_TIMEOUT = 12
     #: A peer rank died or the collective timed out mid-training. Retryable.
@@ -161,6 +163,7 @@ COMMAND_NOT_FOUND = 127
 DEFAULT_PERMANENT_EXIT_CODES: tuple[int, ...] = (
     int(ExitCode.BAD_CONFIG),
     int(ExitCode.DATA_MISSING),
+    int(ExitCode.DISK_FULL),
     COMMAND_NOT_EXECUTABLE,
     COMMAND_NOT_FOUND,
 )
@@ -170,6 +173,7 @@ EXIT_CODE_MEANINGS: Mapping[int, str] = {
     1: "unexpected error (retryable)",
     2: "bad configuration (permanent)",
     3: "data missing (permanent)",
+    4: "disk full: no space left for a checkpoint (permanent)",
     12: "rendezvous timeout: master unreachable (retryable)",
     13: "peer lost (retryable)",
     126: "command not executable (permanent)",

@@ -133,3 +133,29 @@ def test_plain_single_process_and_legacy_local_rank(mp, tmp_path, trainer_env):
     assert "world_size=1 backend=none device=cpu" in proc.stdout
     assert "ddptrain: done step=4/4" in proc.stdout
     assert checkpoint.read(checkpoint.latest_checkpoint(str(ckpt)))["world_size"] == 1
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_skip_a_damaged_checkpoint_and_stop_for_good_when_none_loads(
+        mp, tmp_path, trainer_env):
+    ckpt = tmp_path / "ckpt"
+    args = [*mp.TINY, "--fake-size", "64", "--checkpoint-dir", str(ckpt)]
+    first = mp.run(mp.torchrun(2, *mp.trainer(*args, "--max-steps", "2",
+                                              "--checkpoint-every", "1")), trainer_env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    newest = ckpt / "step-00000002.pt"
+    newest.write_bytes(newest.read_bytes()[:100])  # cut short
+    again = mp.run(mp.torchrun(2, *mp.trainer(*args, "--max-steps", "3")), trainer_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"warning: checkpoint {newest} is truncated or damaged" in again.stdout
+    assert f"resumed from {ckpt / 'step-00000001.pt'} at step=1" in again.stdout
+    assert (ckpt / "step-00000002.pt.corrupt").exists()
+
+    for _step, path in checkpoint.list_checkpoints(str(ckpt)):
+        with open(path, "r+b") as f:
+            f.write(b"garbage!" * 8)
+    broken = mp.run(mp.pod_entry(*args, "--max-steps", "4"),
+                    dict(trainer_env, PET_NPROC_PER_NODE="2"))
+    assert broken.returncode == ExitCode.BAD_CONFIG, broken.stderr[-3000:]
+    message = (tmp_path / "termination-log").read_text()
+    assert "can be loaded" in message and "step-00000003.pt" in message

@@ -123,7 +123,7 @@ def test_to_manifest_spells_out_every_default():
     out = schema.to_manifest(schema.parse_ddpjob(minimal_manifest()))
     assert out["apiVersion"] == "ddpjob.dev/v1alpha1" and out["kind"] == "DDPJob"
     assert out["metadata"] == {"name": "mnist", "namespace": "default"}
-    assert out["spec"]["failurePolicy"] == {"maxRestarts": 3, "permanentExitCodes": [2, 3, 126, 127]}
+    assert out["spec"]["failurePolicy"] == {"maxRestarts": 3, "permanentExitCodes": [2, 3, 4, 126, 127]}
     assert "command" not in out["spec"] and out["spec"]["args"] == []
 
 

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from ddpjob.contract import ExitCode
 from ddptrainer import checkpoint
 from ddptrainer.distributed import DistContext
 from ddptrainer.errors import CheckpointError, ConfigError
@@ -160,3 +161,81 @@ def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
     (tmp_path / ".step-00000007.pt.tmp-4242").write_bytes(b"half")
     checkpoint.prepare_folder(SINGLE, str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def _damage(path, how):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage" * 64)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_older_one(tmp_path, capsys, how):
+    assert _run(tmp_path, "--max-steps", "2", "--checkpoint-every", "1") == 0
+    ckpt = tmp_path / "ckpt"
+    newest = ckpt / "step-00000002.pt"
+    _damage(newest, how)
+    capsys.readouterr()
+    assert _run(tmp_path, "--max-steps", "3") == 0
+    out = capsys.readouterr().out
+    assert f"ddptrain: warning: checkpoint {newest} is " in out
+    assert "renamed to step-00000002.pt.corrupt" in out
+    assert f"resumed from {ckpt / 'step-00000001.pt'} at step=1" in out
+    assert "ddptrain: done step=3/3" in out
+    # set aside for inspection, never picked again
+    assert (ckpt / "step-00000002.pt.corrupt").exists()
+    assert [s for s, _ in checkpoint.list_checkpoints(str(ckpt))] == [1, 3]
+
+
+def test_a_checkpoint_that_can_never_load_is_permanent(tmp_path, capsys):
+    assert _run(tmp_path, "--max-steps", "2") == 0
+    only = tmp_path / "ckpt" / "step-00000002.pt"
+    _damage(only, "truncated")
+    capsys.readouterr()
+    for _attempt in range(2):  # a restart reads the same bytes: the same answer, exit 2
+        assert _run(tmp_path, "--max-steps", "3") == ExitCode.BAD_CONFIG
+        err = capsys.readouterr().err
+        assert f"no checkpoint in {tmp_path / 'ckpt'} can be loaded: {only} (truncated" in err
+        assert "Move the damaged files away" in err
+        assert only.exists()  # left where it is: the user decides
+    assert "bad configuration: --checkpoint-dir:" in (tmp_path / "term").read_text()
+
+
+def test_a_read_error_of_the_volume_stays_retryable(tmp_path, monkeypatch):
+    checkpoint.write_atomic({"format": 2, "step": 1}, str(tmp_path / "step-00000001.pt"))
+
+    def flaky(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(checkpoint, "read", flaky)
+    monkeypatch.setattr(checkpoint, "open", flaky, raising=False)  # the volume's, not the file's
+    with pytest.raises(CheckpointError, match="Input/output error"):
+        checkpoint.find_resumable(SINGLE, str(tmp_path))
+    assert (tmp_path / "step-00000001.pt").exists()
+
+
+def test_an_old_format_1_checkpoint_still_resumes(tmp_path, capsys):
+    assert _run(tmp_path, "--max-steps", "2") == 0  # 16 samples, batch 4: mid-epoch at 2
+    path = tmp_path / "ckpt" / "step-00000002.pt"
+    state = torch.load(path, weights_only=True)
+    state["format"], state["batch_in_epoch"] = 1, 2
+    del state["samples_in_epoch"]
+    torch.save(state, path)
+    capsys.readouterr()
+    assert _run(tmp_path, "--epochs", "1") == 0
+    out = capsys.readouterr().out
+    assert "at step=2 (epoch 1, 8/16 samples done" in out and "done step=4/4" in out
+
+
+def test_torchs_writer_error_is_disk_full_only_when_the_volume_is():
+    from ddptrainer import disk_full
+
+    err = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    mib = disk_full.MIB
+    assert disk_full.is_disk_full(err, needed=10 * mib, free_before=mib, free_after=0)
+    assert disk_full.is_disk_full(err, needed=mib, free_before=100 * mib, free_after=0)
+    assert not disk_full.is_disk_full(err, needed=mib, free_before=100 * mib,
+                                      free_after=99 * mib)
+    wrapped = RuntimeError("write failed")
+    wrapped.__cause__ = OSError(28, "No space left on device")
+    assert disk_full.is_disk_full(wrapped, mib, None, None)
+    assert not disk_full.is_disk_full(OSError(5, "Input/output error"), mib, None, None)

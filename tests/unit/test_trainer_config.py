@@ -45,6 +45,7 @@ BAD = [
     (["--dataset", "mnist", "--image-size", "28"], "--image-size", "only for --dataset fake"),
     (["--dataset", "cifar10", "--fake-size", "9"], "--fake-size", "only for --dataset fake"),
     (["--dataset", "mnist", "--num-classes", "3"], "--num-classes", "only for --dataset fake"),
+    (["--eval-every", "-1"], "--eval-every", ">= 0"),
     (["--no-such-flag"], "unrecognized arguments", "--no-such-flag"),
 ]
 

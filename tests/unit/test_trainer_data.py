@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 
 import pytest
 import torch
@@ -119,10 +120,46 @@ def test_sampler_resumes_mid_epoch():
     s = ResumableDistributedSampler(dataset, num_replicas=2, rank=1, seed=0)
     s.set_epoch(3)
     full = list(s)
-    s.set_epoch(3, skip=8)
+    s.set_epoch(3, start=16)  # 8 samples per rank done: 16 of the gang's
     assert list(s) == full[8:] and len(s) == 7
-    s.set_epoch(4)  # the skip applies to one epoch only
+    s.set_epoch(4)  # the start applies to one epoch only
     assert len(s) == 15
+
+
+@pytest.mark.parametrize("n", [30, 31, 50])
+def test_sampler_order_is_distributed_samplers_own(n):
+    for world in (1, 2, 3, 4):
+        for rank in range(world):
+            ours = ResumableDistributedSampler(list(range(n)), num_replicas=world, rank=rank,
+                                               seed=3)
+            theirs = torch.utils.data.DistributedSampler(list(range(n)), num_replicas=world,
+                                                         rank=rank, shuffle=True, seed=3)
+            ours.set_epoch(2)
+            theirs.set_epoch(2)
+            assert list(ours) == list(theirs) and len(ours) == len(theirs)
+
+
+def _gang_takes(n, world, batch, steps, start, epoch=1):
+    """The samples a gang of ``world`` ranks trains on in ``steps`` batches from ``start``."""
+    taken = []
+    for rank in range(world):
+        s = ResumableDistributedSampler(list(range(n)), num_replicas=world, rank=rank, seed=0)
+        s.set_epoch(epoch, start=start)
+        taken += list(s)[:steps * batch]
+    return taken
+
+
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 2), (2, 3), (3, 2), (4, 4)])
+def test_a_resume_on_another_world_size_sees_every_sample_once(before, after):
+    n, batch, steps = 50, 4, 3
+    first = _gang_takes(n, before, batch, steps, start=0)
+    start = steps * batch * before  # what the checkpoint stores
+    rest = _gang_takes(n, after, batch, 10**6, start=start)
+    seen = first + rest
+    assert set(seen) == set(range(n))  # every sample of the epoch ...
+    padding = len(seen) - n
+    assert 0 <= padding < after  # ... once, but for the padding of the last shards
+    assert max(Counter(seen).values()) <= 2
 
 
 def test_loader_batches(tmp_path):

@@ -17,18 +17,24 @@ late directory listing on another node could otherwise pick an older one).
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import threading
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from .distributed import DistContext
-from .errors import CheckpointError
+from .distributed import DistContext, first_line
+from . import disk_full
+from .errors import CheckpointError, ConfigError, DiskFullError
 
-FORMAT_VERSION = 1
+#: 2: progress within the epoch in samples (``samples_in_epoch``); 1 stored batches
+#: (``batch_in_epoch``), still read: see samples_in_epoch().
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
 _TEMP = re.compile(r"^\.step-\d{8,}\.pt\.tmp-\d+$")
 
@@ -56,16 +62,24 @@ def latest_checkpoint(folder: str) -> Optional[str]:
     return found[-1][1] if found else None
 
 
-def write_atomic(state: dict, path: str) -> None:
+def write_atomic(state: dict, path: str, keep: Optional[int] = None) -> None:
+    """Temp file, fsync, rename. A full volume raises DiskFullError (the others propagate)."""
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    before = disk_full.free_bytes(folder)
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as e:
+        after = disk_full.free_bytes(folder)  # measured with the partial temp file still there
+        needed = disk_full.state_bytes(state)
+        if disk_full.is_disk_full(e, needed, before and before[0], after and after[0]):
+            raise DiskFullError(disk_full.message(path, needed, before, after, keep)) from e
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -90,9 +104,27 @@ def prune(folder: str, keep: int) -> None:
 def read(path: str) -> dict:
     # weights_only: a checkpoint on a shared volume must not be able to run code.
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path} is not a ddptrain checkpoint (format {FORMAT_VERSION})")
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"{path} is not a ddptrain checkpoint")
+    if state["format"] not in READABLE_FORMATS:
+        raise CheckpointError(f"{path} is a ddptrain checkpoint of format {state['format']!r}, "
+                              f"written by another version; this one reads formats "
+                              f"{', '.join(map(str, READABLE_FORMATS))}")
     return state
+
+
+def samples_in_epoch(state: dict, batch_size: int) -> int:
+    """Samples of the saved epoch the whole gang had consumed.
+
+    A format-1 checkpoint stored batches per rank instead; every rank had done that many
+    batches of ``batch_size`` from the same epoch order, so the gang had consumed
+    batches x batch size x world size samples of it (exact, padding aside). The earliest
+    files did not record their batch size: ``batch_size`` (this run's) stands in for it.
+    """
+    if "samples_in_epoch" in state:
+        return int(state["samples_in_epoch"])
+    saved_batch = int(state.get("batch_size", batch_size))
+    return int(state["batch_in_epoch"]) * saved_batch * int(state["world_size"])
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
@@ -138,17 +170,19 @@ class BackgroundWriter:
 
     def __init__(self) -> None:
         self._thread: Optional[threading.Thread] = None
-        self._error: Optional[str] = None
+        self._error: Optional[CheckpointError] = None
 
     def submit(self, state: dict, path: str, folder: str, keep: int) -> None:
         self._join()
 
         def write() -> None:
             try:
-                write_atomic(state, path)
+                write_atomic(state, path, keep)
                 prune(folder, keep)
-            except Exception as e:  # reported by the next wait()
-                self._error = f"writing {path} failed: {e}"
+            except CheckpointError as e:  # reported by the next wait()
+                self._error = e
+            except Exception as e:
+                self._error = CheckpointError(f"writing {path} failed: {first_line(e)}")
 
         # Not a daemon: an interpreter that exits lets the write finish first.
         self._thread = threading.Thread(target=write, name="ddptrain-checkpoint")
@@ -159,7 +193,7 @@ class BackgroundWriter:
             self._thread.join()
             self._thread = None
 
-    def wait(self) -> Optional[str]:
+    def wait(self) -> Optional[CheckpointError]:
         """Wait for the write in flight; the error of the writes since the last wait, if any."""
         self._join()
         error, self._error = self._error, None
@@ -184,24 +218,23 @@ def save(ctx: DistContext, folder: str, keep: int, state: dict,
             writer.submit(_host_copy(full), path, folder, keep)
             if blocking:
                 error = writer.wait()
+    _raise_on_every_rank(ctx, error)
+    return path
+
+
+def _raise_on_every_rank(ctx: DistContext, error: Optional[CheckpointError]) -> None:
+    """Collective: rank 0's outcome of a write (the broadcast is also the barrier)."""
     if ctx.distributed:
         box = [error]
         dist.broadcast_object_list(box, src=0, group=ctx.control_group)
         error = box[0]
-    if error:
-        raise CheckpointError(error)
-    return path
+    if error is not None:
+        raise error
 
 
 def flush(ctx: DistContext, writer: BackgroundWriter) -> None:
     """Collective: wait for rank 0's write in flight; if it failed, every rank raises."""
-    error = writer.wait() if ctx.is_main else None
-    if ctx.distributed:
-        box = [error]
-        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
-        error = box[0]
-    if error:
-        raise CheckpointError(error)
+    _raise_on_every_rank(ctx, writer.wait() if ctx.is_main else None)
 
 
 def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Optional[str]]:
@@ -239,11 +272,103 @@ def _remove_stale_temp_files(folder: str) -> None:
                 pass
 
 
-def load(ctx: DistContext, path: str) -> dict:
-    """Collective: every rank reads ``path``; if any rank cannot, every rank raises."""
-    state, error = None, None
+def unloadable_reason(error: BaseException, path: str) -> Optional[str]:
+    """Why a file that torch.load refused can never load, or None when retrying might help.
+
+    An error of the volume (EIO, a stale NFS handle, EACCES) may pass: retry. An error of the
+    bytes themselves is final: a ddptrain checkpoint is renamed into place only once complete,
+    so a damaged one was damaged after the fact (a bad disk, a copy cut short) and reading it
+    again gives the same answer. torch's zip reader reports a truncated file as an OSError
+    too (EINVAL, seeking past the end), so an OSError counts as the volume's only if reading
+    the plain bytes fails as well.
+    """
+    if isinstance(error, MemoryError):
+        return None
+    if isinstance(error, OSError):
+        try:
+            with open(path, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+        except OSError:
+            return None
+        return f"truncated or damaged ({first_line(error)})"
+    if isinstance(error, EOFError):
+        return "empty or cut short (EOFError)"
+    if isinstance(error, pickle.UnpicklingError):
+        return "not a torch checkpoint file (unpickling failed)"
+    text = str(error)
+    if "zip archive" in text or "central directory" in text or "PytorchStreamReader" in text:
+        return "truncated or damaged (its zip archive cannot be read)"
+    first = text.strip().splitlines()[0][:200] if text.strip() else ""
+    return f"cannot be loaded ({type(error).__name__}: {first})"
+
+
+@dataclass
+class Resumable:
+    """What rank 0 found to resume from: every rank gets path and notes, rank 0 the state."""
+
+    path: Optional[str]
+    notes: list[str]
+    state: Optional[dict] = None
+
+
+def find_resumable(ctx: DistContext, folder: str) -> Resumable:
+    """Collective: the newest checkpoint in ``folder`` that loads, damaged newer ones set aside.
+
+    Rank 0 reads the candidates newest first. A file that can never load is renamed to
+    ``<name>.corrupt`` (kept for inspection, never picked again: not a ``step-N.pt`` name) and
+    named in a warning, and the next older one is tried. When none loads, nothing is renamed
+    and every rank raises ConfigError (exit 2: a restart would read the same bytes); a read
+    that failed for another reason is a retryable CheckpointError.
+    """
+    found, error = Resumable(None, []), None
+    if ctx.is_main:
+        damaged: list[tuple[str, str]] = []
+        for _step, path in reversed(list_checkpoints(folder)):
+            try:
+                found.state, found.path = read(path), path
+                break
+            except Exception as e:  # classified below: damaged for good, or maybe not
+                reason = unloadable_reason(e, path)
+                if reason is None:
+                    error = CheckpointError(f"reading {path} failed: {first_line(e)}")
+                    break
+                damaged.append((path, reason))
+        if error is None and damaged and found.path is None:
+            names = "; ".join(f"{p} ({why})" for p, why in damaged)
+            error = ConfigError(
+                f"--checkpoint-dir: no checkpoint in {folder} can be loaded: {names}. Move the "
+                "damaged files away (or delete them) to start from scratch, or put an intact "
+                "checkpoint there")
+        elif error is None:
+            for path, reason in damaged:
+                found.notes.append(_set_aside(path, reason, found.path))
+    if ctx.distributed:
+        box = [(found.path, found.notes, error)]
+        dist.broadcast_object_list(box, src=0, group=ctx.control_group)
+        found.path, found.notes, error = box[0]
+    if error is not None:
+        raise error
+    return found
+
+
+def _set_aside(path: str, reason: str, instead: Optional[str]) -> str:
+    aside = f"{path}.corrupt"
     try:
-        state = read(path)
+        os.replace(path, aside)
+        kept = f"renamed to {os.path.basename(aside)}"
+    except OSError as e:
+        kept = f"could not be renamed ({e.strerror or e})"
+    return (f"warning: checkpoint {path} is {reason}; {kept}; resuming from {instead} "
+            "instead")
+
+
+def load(ctx: DistContext, path: str, state: Optional[dict] = None) -> dict:
+    """Collective: every rank reads ``path`` (unless it passes the ``state`` it already read);
+    if any rank cannot, every rank raises."""
+    error = None
+    try:
+        state = read(path) if state is None else state
     except Exception as e:
         error = f"rank {ctx.rank}: reading {path} failed: {e}"
     errors = [e for e in _all_gather_objects(ctx, error) if e]

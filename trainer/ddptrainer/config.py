@@ -61,6 +61,9 @@ class TrainConfig:
     """Passes over the data set."""
     max_steps: int = 0
     """Stop after this many optimizer steps in all (0: no limit besides epochs)."""
+    eval_every: int = 1
+    """Evaluate on the test split every this many epochs and at the end (0: never).
+    FakeData has no test split: never evaluated."""
     optimizer: str = "sgd"
     lr: float = 0.05
     momentum: float = 0.9
@@ -112,6 +115,7 @@ class TrainConfig:
         _int_range("--batch-size", self.batch_size, 1, 65_536)
         _int_range("--epochs", self.epochs, 1)
         _int_range("--max-steps", self.max_steps, 0)
+        _int_range("--eval-every", self.eval_every, 0)
         _float_range("--lr", self.lr, low=0.0, low_open=True)
         _float_range("--momentum", self.momentum, low=0.0, high=1.0, high_open=True)
         _float_range("--weight-decay", self.weight_decay, low=0.0)
@@ -208,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=num, default=64, help="per rank")
     g.add_argument("--epochs", type=num, default=1)
     g.add_argument("--max-steps", type=num, default=0, help="0: no limit besides --epochs")
+    g.add_argument("--eval-every", type=num, default=1,
+                   help="evaluate on the test split every N epochs and at the end (0: never)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
     g.add_argument("--lr", type=flt, default=0.05)
     g.add_argument("--momentum", type=flt, default=0.9, help="SGD only")
@@ -268,6 +274,7 @@ def parse_config(argv: Optional[Sequence[str]] = None,
         batch_size=ns.batch_size,
         epochs=ns.epochs,
         max_steps=ns.max_steps,
+        eval_every=ns.eval_every,
         optimizer=ns.optimizer,
         lr=ns.lr,
         momentum=ns.momentum,

@@ -40,6 +40,8 @@ class DataInfo:
     dataset: Dataset
     in_channels: int
     num_classes: int
+    test_dataset: Optional[Dataset] = None
+    """The test split (MNIST t10k, CIFAR-10 test_batch); None for FakeData or --eval-every 0."""
 
 
 def expected_files(config: TrainConfig) -> tuple[str, list[str]]:
@@ -67,7 +69,7 @@ def _missing_message(config: TrainConfig, folder: str, missing: list[str],
     return msg
 
 
-def _build(config: TrainConfig, download: bool) -> Dataset:
+def _build(config: TrainConfig, download: bool, train: bool = True) -> Dataset:
     root = config.data_dir
     if config.dataset == "fake":
         return datasets.FakeData(
@@ -77,8 +79,8 @@ def _build(config: TrainConfig, download: bool) -> Dataset:
     mean, std = _NORMALIZE[config.dataset]
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
     if config.dataset == "mnist":
-        return datasets.MNIST(root, train=True, transform=tf, download=download)
-    return datasets.CIFAR10(root, train=True, transform=tf, download=download)
+        return datasets.MNIST(root, train=train, transform=tf, download=download)
+    return datasets.CIFAR10(root, train=train, transform=tf, download=download)
 
 
 def build_dataset(config: TrainConfig, ctx: DistContext) -> DataInfo:
@@ -98,6 +100,9 @@ def build_dataset(config: TrainConfig, ctx: DistContext) -> DataInfo:
         raise DataMissingError(_missing_message(config, folder, missing, download_error))
     try:
         ds = _build(config, download=False)
+        # FakeData has no test split (and random labels: an accuracy would mean nothing).
+        evaluate = config.eval_every > 0 and config.dataset != "fake"
+        test = _build(config, download=False, train=False) if evaluate else None
     except RuntimeError as e:  # torchvision: files there but corrupted (CIFAR md5 check)
         raise DataMissingError(f"--data-dir: {config.dataset} in {folder} is unreadable or "
                                f"corrupted ({first_line(e)}); replace the files") from e
@@ -106,34 +111,58 @@ def build_dataset(config: TrainConfig, ctx: DistContext) -> DataInfo:
                                f"{first_line(e)}") from e
     if config.dataset == "fake":
         return DataInfo(ds, in_channels=3, num_classes=config.num_classes)
-    return DataInfo(ds, in_channels=1 if config.dataset == "mnist" else 3, num_classes=10)
+    return DataInfo(ds, in_channels=1 if config.dataset == "mnist" else 3, num_classes=10,
+                    test_dataset=test)
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """DistributedSampler that can start an epoch part-way, to resume mid-epoch.
+    """DistributedSampler that can start an epoch part-way, with any number of ranks.
 
-    The shard of each rank is a function of (seed, epoch) only, so skipping the first
-    ``skip`` samples of this epoch's shard puts a restarted rank exactly where it stopped.
+    An epoch is one global order of the samples: a permutation that depends on (seed, epoch)
+    only, never on the world size. DistributedSampler deals it out round-robin (rank r gets
+    positions r, r + W, ...), so after k batches of B on every rank the gang has consumed
+    exactly the first k * B * W positions of that order. ``set_epoch(epoch, start=P)`` deals
+    out what is left, positions P onward, to this gang: a resume with the same world size gets
+    exactly the rest of its shards, one with another world size still sees every remaining
+    sample once. Padding (a shard count that does not divide the rest) repeats samples from
+    the head of the order, as DistributedSampler does; with ``start=0`` the order is
+    DistributedSampler's own.
     """
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed,
                          drop_last=False)
-        self._skip = 0
+        self.dataset_len = len(dataset)  # type: ignore[arg-type]
+        self._start = 0
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:  # type: ignore[override]
+    def set_epoch(self, epoch: int, start: int = 0) -> None:  # type: ignore[override]
+        """``start``: samples of this epoch the gang (of any size) has already consumed."""
         super().set_epoch(epoch)
-        self._skip = max(0, min(skip, self.num_samples))
+        self._start = max(0, min(start, self.dataset_len))
+
+    def global_order(self) -> list[int]:
+        """This epoch's order of all samples (the same for every world size)."""
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.dataset_len, generator=g).tolist()
+
+    def _rest(self) -> int:
+        return self.dataset_len - self._start
 
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
-        return iter(indices[self._skip:])
+        order = self.global_order()
+        rest = order[self._start:]
+        padding = -len(rest) % self.num_replicas
+        if rest and padding:
+            head = order * math.ceil(padding / len(order))
+            rest += head[:padding]
+        return iter(rest[self.rank::self.num_replicas])
 
     def __len__(self) -> int:
-        return self.num_samples - self._skip
+        return math.ceil(self._rest() / self.num_replicas)
 
 
-def _ignore_termination_signals(_worker_id: int) -> None:
+def ignore_termination_signals(_worker_id: int) -> None:
     # torchrun delivers SIGTERM to the worker's whole process group, loader workers included.
     # A loader worker dying of it would crash the step the rank is trying to finish before it
     # saves; the rank shuts its workers down itself on exit.
@@ -150,15 +179,22 @@ def build_loader(config: TrainConfig, ctx: DistContext, data: DataInfo
     loader = DataLoader(
         data.dataset, batch_size=config.batch_size, sampler=sampler, num_workers=workers,
         pin_memory=pin, drop_last=False, persistent_workers=workers > 0,
-        worker_init_fn=_ignore_termination_signals if workers > 0 else None,
+        worker_init_fn=ignore_termination_signals if workers > 0 else None,
         prefetch_factor=4 if workers > 0 else None,
     )
     return loader, sampler
 
 
-def steps_per_epoch(sampler: DistributedSampler, batch_size: int) -> int:
-    """Batches per epoch per rank: the same on every rank (the sampler pads the shards)."""
-    return math.ceil(sampler.num_samples / batch_size)
+def steps_per_epoch(sampler: ResumableDistributedSampler, batch_size: int) -> int:
+    """Batches per rank in a whole epoch: the same on every rank (the sampler pads)."""
+    return math.ceil(math.ceil(sampler.dataset_len / sampler.num_replicas) / batch_size)
+
+
+def steps_left_in_epoch(sampler: ResumableDistributedSampler, batch_size: int,
+                        start: int) -> int:
+    """Batches per rank that finish an epoch of which ``start`` samples are already done."""
+    rest = max(0, sampler.dataset_len - start)
+    return math.ceil(math.ceil(rest / sampler.num_replicas) / batch_size)
 
 
 def batch_to_device(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device,

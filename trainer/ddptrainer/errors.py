@@ -55,10 +55,19 @@ class PeerLostError(TrainerError):
 
 
 class CheckpointError(TrainerError):
-    """Writing or reading a checkpoint failed (disk full, unreadable file). Retryable."""
+    """Writing or reading a checkpoint failed (an I/O error, a file one rank cannot read).
+    Retryable."""
 
     exit_code = int(ExitCode.FAILURE)
     kind = "checkpoint error"
+
+
+class DiskFullError(CheckpointError):
+    """No space left on the checkpoint volume. Permanent: a restarted gang would write to the
+    same full volume and fail at the same save, spending the restart budget for nothing."""
+
+    exit_code = int(ExitCode.DISK_FULL)
+    kind = "disk full"
 
 
 class Preempted(TrainerError):

@@ -17,14 +17,14 @@ from . import summary
 from .config import TrainConfig, parse_config
 from .data import build_dataset
 from .distributed import setup, teardown
-from .errors import (ConfigError, DataMissingError, PeerLostError, Preempted, TrainerError,
-                     is_collective_failure)
+from .errors import (ConfigError, DataMissingError, DiskFullError, PeerLostError, Preempted,
+                     TrainerError, is_collective_failure)
 from .preemption import StopRequest
 from .progress import Progress
-from .train import Trainer
+from .train import Trainer, TrainResult
 
-# Errors every rank hits identically: one line per node is enough.
-_SAME_ON_EVERY_RANK = (ConfigError, DataMissingError)
+# Errors every rank hits identically (or gets from rank 0): one line per node is enough.
+_SAME_ON_EVERY_RANK = (ConfigError, DataMissingError, DiskFullError)
 
 
 def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
@@ -45,12 +45,7 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         # Nothing here outlives run(): process groups (in ctx, in DDP) kept alive past
         # destroy_process_group() until interpreter exit can make gloo abort the process.
         result = Trainer(config, ctx, data, progress, stop).run()
-        progress.emit("done", step=result.step, total_steps=result.total_steps,
-                      loss=result.loss, world_size=ctx.world_size,
-                      elapsed_seconds=round(result.elapsed_seconds, 1),
-                      checkpoint=result.checkpoint)
-        text = (f"completed: step={result.step}/{result.total_steps} loss={_loss(result.loss)} "
-                f"world_size={ctx.world_size} checkpoint={result.checkpoint}")
+        text = _report_done(progress, result, ctx.world_size)
     except Preempted as e:
         code, text = e.exit_code, f"preempted: {e.message}"
         if rank in (0, None):
@@ -78,6 +73,20 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         stop.uninstall()
     _leave_summary(text, code, rank, config, env)
     return code
+
+
+def _report_done(progress: Progress, result: TrainResult, world_size: int) -> str:
+    """The last progress line; returns the termination message."""
+    ev = result.evaluation
+    accuracy = {} if ev is None else {"accuracy": round(ev.accuracy, 6),
+                                      "eval_samples": ev.samples}
+    progress.emit("done", step=result.step, total_steps=result.total_steps, loss=result.loss,
+                  **accuracy, world_size=world_size,
+                  elapsed_seconds=round(result.elapsed_seconds, 1), checkpoint=result.checkpoint)
+    tested = "" if ev is None else (f" accuracy={ev.accuracy:.4f} ({ev.correct}/{ev.samples} "
+                                    "test samples)")
+    return (f"completed: step={result.step}/{result.total_steps} loss={_loss(result.loss)}"
+            f"{tested} world_size={world_size} checkpoint={result.checkpoint}")
 
 
 def _leave_summary(text: str, code: int, rank: Optional[int], config: Optional[TrainConfig],

@@ -1,8 +1,11 @@
 """The training loop: steps, epochs, logging windows, checkpoints, resume and preemption.
 
-The step count is global and survives restarts: a checkpoint stores (epoch, batch within the
-epoch, step), and a resumed run skips the batches its epoch already consumed, so "N steps
-straight" and "N/2 steps, crash, resume, N/2 steps" see the same batches in the same order.
+The step count is global and survives restarts. Progress within an epoch is kept in samples,
+not steps: a checkpoint stores (epoch, samples of the epoch consumed by the whole gang, step),
+and a resumed run, of any world size or batch size, deals out the rest of that epoch's sample
+order (data.ResumableDistributedSampler). So "N steps straight" and "N/2 steps, crash, resume,
+N/2 steps" see the same batches in the same order, and a resume on fewer or more ranks sees
+every remaining sample of the epoch once and stops after --epochs.
 
 Host-device synchronisation happens on log steps only: the loss is accumulated as a tensor
 and averaged across ranks (one all-reduce, one ``.item()``) every ``--log-every`` steps.
@@ -22,9 +25,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import checkpoint
 from .config import TrainConfig
-from .data import DataInfo, batch_to_device, build_loader, steps_per_epoch
+from .data import (DataInfo, batch_to_device, build_loader, steps_left_in_epoch,
+                   steps_per_epoch)
 from .distributed import DistContext, barrier
 from .errors import ConfigError, Preempted
+from .evaluate import EvalResult, Evaluator
 from .models import build_model
 from .preemption import StopAgreement, StopRequest
 from .progress import Progress, eta_seconds
@@ -37,6 +42,8 @@ class TrainResult:
     loss: Optional[float]
     checkpoint: Optional[str]
     elapsed_seconds: float
+    evaluation: Optional[EvalResult] = None
+    """The final model on the test split (None when there is none or --eval-every 0)."""
 
 
 def _compatibility(config: TrainConfig, data: DataInfo) -> dict:
@@ -61,12 +68,11 @@ class Trainer:
         self.optimizer = self._build_optimizer(model)
         self.loader, self.sampler = build_loader(config, ctx, data)
         self.steps_per_epoch = steps_per_epoch(self.sampler, config.batch_size)
-        full = config.epochs * self.steps_per_epoch
-        self.total_steps = min(full, config.max_steps) if config.max_steps else full
         self.bf16 = config.precision == "bf16" or (
             config.precision == "auto" and ctx.device.type == "cuda")
         self.loss_fn = nn.CrossEntropyLoss()
-        self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
+        # epoch_samples: samples of the current epoch the gang has consumed (all ranks).
+        self.epoch, self.epoch_samples, self.step = 0, 0, 0
         self.last_saved_step: Optional[int] = None
         self.last_checkpoint: Optional[str] = None
         self.last_loss: Optional[float] = None
@@ -82,12 +88,17 @@ class Trainer:
                               f"(newest {os.path.basename(newest)}); start from scratch in an "
                               "empty --checkpoint-dir, or delete them")
         if newest:
-            self._resume(newest)
+            self._resume()
+        self.total_steps = self._plan_total_steps()
         # Wrap after loading: DDP broadcasts rank 0's parameters at construction anyway.
         self.ddp: nn.Module = (DDP(model, device_ids=[ctx.device.index]
                                    if ctx.device.type == "cuda" else None)
                                if ctx.distributed else model)
         self.stop = StopAgreement(ctx, stop)
+        self.evaluator = (Evaluator(config, ctx, data.test_dataset, self.bf16,
+                                    self.channels_last)
+                          if data.test_dataset is not None and config.eval_every else None)
+        self.last_eval: Optional[tuple[int, EvalResult]] = None  # (step, result)
 
     def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         c = self.config
@@ -97,8 +108,13 @@ class Trainer:
                                weight_decay=c.weight_decay)
 
     # ------------------------------------------------------------------ checkpoints
-    def _resume(self, path: str) -> None:
-        state = checkpoint.load(self.ctx, path)
+    def _resume(self) -> None:
+        found = checkpoint.find_resumable(self.ctx, self.config.checkpoint_dir)
+        self.notes.extend(found.notes)
+        if found.path is None:
+            return  # the files went between the listing and now: start from scratch
+        path = found.path
+        state = checkpoint.load(self.ctx, path, found.state)
         want = _compatibility(self.config, self.data)
         have = state.get("compat", {})
         if have != want:
@@ -110,21 +126,31 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
-        self.batch_in_epoch = int(state["batch_in_epoch"])
+        self.epoch_samples = checkpoint.samples_in_epoch(state, self.config.batch_size)
         saved_world = int(state["world_size"])
         saved_batch = int(state.get("batch_size", self.config.batch_size))
         if saved_world == self.ctx.world_size and saved_batch == self.config.batch_size:
             checkpoint.restore_rng(state["rng"][self.ctx.rank], self.ctx.device)
-        else:
-            # Another gang size shards the epoch differently: continue after the same number
-            # of samples (rounded down to a whole batch), which is as close as it gets.
-            seen = self.batch_in_epoch * saved_batch * saved_world
-            self.batch_in_epoch = seen // (self.config.batch_size * self.ctx.world_size)
-        if self.batch_in_epoch >= self.steps_per_epoch:
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        # else: nothing to restore per rank (another gang); the data order does not need it.
+        if self.epoch_samples >= self.sampler.dataset_len:
+            self.epoch, self.epoch_samples = self.epoch + 1, 0
         self.last_saved_step, self.last_checkpoint = self.step, path
         self.last_loss = state.get("loss")
-        self.resumed_from = path
+        self.resumed_from = (f"{path} at step={self.step} (epoch {self.epoch + 1}, "
+                             f"{self.epoch_samples}/{self.sampler.dataset_len} samples done; "
+                             f"saved by world_size={saved_world}, now {self.ctx.world_size})")
+
+    def _plan_total_steps(self) -> int:
+        """The global step at which training ends: what is left of this epoch and the later
+        ones, counted with this gang's world size and batch size (which may differ from those
+        of the run that wrote the checkpoint), capped by --max-steps."""
+        c = self.config
+        left = 0
+        if self.epoch < c.epochs:
+            left = (steps_left_in_epoch(self.sampler, c.batch_size, self.epoch_samples)
+                    + (c.epochs - self.epoch - 1) * self.steps_per_epoch)
+        total = self.step + left
+        return min(total, c.max_steps) if c.max_steps else total
 
     def _save(self, blocking: bool = False) -> str:
         """Periodic saves write in the background; the final and SIGTERM ones block."""
@@ -132,7 +158,7 @@ class Trainer:
             if blocking:
                 checkpoint.flush(self.ctx, self.writer)
             return self.last_checkpoint or ""
-        state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+        state = {"step": self.step, "epoch": self.epoch, "samples_in_epoch": self.epoch_samples,
                  "batch_size": self.config.batch_size, "loss": self.last_loss,
                  "compat": _compatibility(self.config, self.data),
                  "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -164,6 +190,21 @@ class Trainer:
             total = total / self.ctx.world_size
         return float(total.item())
 
+    def _evaluate(self) -> Optional[EvalResult]:
+        """Collective: the model on the test split, logged; skipped if done at this step."""
+        if self.evaluator is None:
+            return None
+        if self.last_eval is None or self.last_eval[0] != self.step:
+            result = self.evaluator.run(self.model)
+            self.last_eval = (self.step, result)
+            self.progress.emit(
+                "eval", epoch=self.epoch if self.epoch_samples == 0 else self.epoch + 1,
+                epochs=self.config.epochs, step=self.step, total_steps=self.total_steps,
+                accuracy=round(result.accuracy, 6), correct=result.correct,
+                samples=result.samples, eval_loss=round(result.loss, 6),
+                eval_seconds=round(result.seconds, 2))
+        return self.last_eval[1]
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> TrainResult:
         c, ctx = self.config, self.ctx
@@ -177,7 +218,7 @@ class Trainer:
         for note in self.notes:
             self.progress.note(note)
         if self.resumed_from:
-            self.progress.note(f"resumed from {self.resumed_from} at step={self.step}")
+            self.progress.note(f"resumed from {self.resumed_from}")
         if self.step >= self.total_steps:
             self.progress.note(f"nothing left to train: step={self.step} >= "
                                f"total_steps={self.total_steps}")
@@ -185,7 +226,9 @@ class Trainer:
         window_steps, data_wait = 0, 0.0
         window_start = time.perf_counter()
         while self.step < self.total_steps:
-            self.sampler.set_epoch(self.epoch, skip=self.batch_in_epoch * c.batch_size)
+            if self.epoch >= c.epochs:
+                break
+            self.sampler.set_epoch(self.epoch, start=self.epoch_samples)
             batches = iter(self.loader)
             while self.step < self.total_steps:
                 if self.stop.poll():
@@ -198,7 +241,8 @@ class Trainer:
                 window_sum += self._run_batch(batch)
                 window_steps += 1
                 self.step += 1
-                self.batch_in_epoch += 1
+                # Every rank's batch has the same size (the sampler pads the shards equally).
+                self.epoch_samples += len(batch[1]) * ctx.world_size
                 if self.step % c.log_every == 0 or self.step == self.total_steps:
                     self.last_loss = self._mean_loss(window_sum, window_steps)
                     now = time.perf_counter()
@@ -214,17 +258,23 @@ class Trainer:
                     window_steps, data_wait, window_start = 0, 0.0, time.perf_counter()
                 if c.checkpoint_every and self.step % c.checkpoint_every == 0:
                     self._save()  # rank 0 writes it in the background
-            if self.batch_in_epoch >= self.steps_per_epoch:
-                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            # The shards are dealt out from the epoch's order, so the gang has consumed a
+            # prefix of it: the epoch is over once that prefix covers every sample.
+            if self.epoch_samples >= self.sampler.dataset_len:
+                self.epoch, self.epoch_samples = self.epoch + 1, 0
+                if c.eval_every and self.epoch % c.eval_every == 0:
+                    self._evaluate()
                 if self.step < self.total_steps:
                     self._save()  # epoch end
         if window_steps:  # the loop ended off a log step (cannot happen today; be safe)
             self.last_loss = self._mean_loss(window_sum, window_steps)
         path = self._save(blocking=True)
+        evaluation = self._evaluate()  # the final model, unless its epoch end just did
         self._finish()
         return TrainResult(step=self.step, total_steps=self.total_steps, loss=self.last_loss,
                            checkpoint=path or None,
-                           elapsed_seconds=time.perf_counter() - started)
+                           elapsed_seconds=time.perf_counter() - started,
+                           evaluation=evaluation)
 
     def _finish(self) -> None:
         """Every rank's last collective: after it no rank still talks to another, so tearing
