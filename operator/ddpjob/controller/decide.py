@@ -212,11 +212,16 @@ def decide(
     attempt this operator process created but may not have observed yet (so it does not POST
     them again while the watch catches up).
     """
-    status = replace(status, nnodes=job.spec.nnodes,
-                     observedGeneration=generation if generation is not None else status.observedGeneration)
+    status = replace(status, observedGeneration=generation if generation is not None else status.observedGeneration)
     status = _adopt_newer_attempt(job, status, pods, now)
+    if not status.nnodes or not (status.terminal or status.is_true(CREATED)):
+        # The shape of the attempt in progress (or of the finished one) is what was recorded
+        # when its pods were created; the spec's shape is the next attempt's.
+        status = replace(status, nnodes=job.spec.nnodes)
 
-    force, force_due = _stuck_terminating(pods, now, force_delete_after)
+    # Only pods whose controller owner reference is this job are ever deleted or counted; other
+    # pods that carry the job's label (a user's, or a deleted namesake's) are left alone.
+    force, force_due = _stuck_terminating(_ours(job, pods), now, force_delete_after)
     deadline_left = _deadline_left(job, status, now)
     if status.terminal:
         plan = _finished(job, status, pods, now)
@@ -239,7 +244,7 @@ def decide_invalid(status: JobStatus, message: str, pods: Sequence[PodView], now
                    uid: Optional[str] = None, generation: Optional[int] = None) -> Plan:
     """A spec that does not parse: Failed/InvalidSpec naming the fields; nothing is created,
     and pods of the job that still run (a spec broken mid-run) are released."""
-    release = _deletable(p for p in pods if (uid is None or p.owner_uid == uid) and not p.finished)
+    release = _deletable(p for p in pods if uid is not None and p.owner_uid == uid and not p.finished)
     if status.terminal:
         reason, text = terminal_reason(status)
         return Plan(status=replace(status, reason=reason, message=text), delete=release)
@@ -269,7 +274,13 @@ def _adopt_newer_attempt(job: spec.DDPJob, status: JobStatus, pods: Sequence[Pod
 
 
 def _is_ours(job: spec.DDPJob, pod: PodView) -> bool:
-    return job.uid is None or pod.owner_uid == job.uid
+    """Whether the pod's controller owner reference is this job (by uid). ``job.uid`` is None
+    only for a job that was never stored (the unit tests' jobs made without one)."""
+    return pod.owner_uid == job.uid if job.uid is not None else True
+
+
+def _ours(job: spec.DDPJob, pods: Iterable[PodView]) -> list[PodView]:
+    return [p for p in pods if _is_ours(job, p)]
 
 
 def _stuck_terminating(pods: Sequence[PodView], now: dt.datetime,
@@ -338,6 +349,7 @@ def _suspend(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: 
         attempt = status.restartAttempt + 1 if status.is_true(CREATED) else status.restartAttempt
         status = replace(status, restartAttempt=attempt, startTime=None, readyNodes=0, nodes=())
         events = (Event("Normal", "Suspended", "Job suspended: deleting its pods"),)
+    pods = _ours(job, pods)
     message = "spec.suspend is true" + (f": waiting for {len(pods)} pod(s) to terminate" if pods else "")
     status = with_phase(status, SUSPENDED, "Suspended", message, now, created=False,
                         created_reason="Suspended", created_message="spec.suspend is true")
@@ -351,17 +363,22 @@ def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], n
     if status.phase == SUSPENDED:
         events.append(Event("Normal", "Resumed", "Job resumed: recreating its pods"))
     phase = RESTARTING if status.phase == RESTARTING else PENDING
+    # Never two gangs at once: our old pods must be gone first, and so must any other pod with
+    # the name of one of the new ones (a deleted namesake job's, going by garbage collection),
+    # or its creation would find "already exists". Only our own are deleted.
+    child_names = {names.node_pod_name(job.name, rank) for rank in range(nnodes)}
+    pods = [p for p in pods if _is_ours(job, p) or p.name in child_names]
     if pods:
-        # Never two gangs at once: the old pods (or a deleted job's namesakes) must be gone first.
         reason = status.reason if phase == RESTARTING else ("Resuming" if status.phase == SUSPENDED else "Waiting")
         message = f"waiting for {len(pods)} old pod(s) to terminate before creating attempt {attempt}: {_names(pods)}"
         if phase == RESTARTING and status.failedNode is not None:
             message = f"restart {status.restarts} of {job.spec.failurePolicy.maxRestarts}: {message}"
         waiting = with_phase(replace(status, readyNodes=0), phase, reason, message, now)
-        return Plan(status=waiting, delete=_deletable(pods), events=tuple(events))
+        return Plan(status=waiting, delete=_deletable(_ours(job, pods)), events=tuple(events))
 
     message = f"created {nnodes} pod(s) (attempt {attempt}); waiting for every node to run"
-    created = replace(status, startTime=status.startTime or format_time(now), readyNodes=0, nodes=())
+    created = replace(status, startTime=status.startTime or format_time(now), readyNodes=0, nodes=(),
+                      nnodes=nnodes, podSpecHash=spec.pod_spec_hash(job.spec))
     created = with_phase(created, phase, "PodsCreated", message, now, created=True,
                          created_reason="PodsCreated", created_message=f"attempt {attempt}: {nnodes} pod(s)")
     events.append(Event("Normal", "Created", f"Creating {nnodes} pod(s) and the Service (attempt {attempt})"))
@@ -397,11 +414,14 @@ def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[_Failure]:
 
 def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
                 created_ranks: frozenset[int]) -> Plan:
-    nnodes, attempt = job.spec.nnodes, status.restartAttempt
+    # The attempt keeps the shape it was created with (status.nnodes, status.podSpecHash): a
+    # spec changed under it (an older CRD, a bypassed validation) is for the next attempt.
+    nnodes, attempt = status.nnodes, status.restartAttempt
+    reshaped = bool(status.podSpecHash) and status.podSpecHash != spec.pod_spec_hash(job.spec)
     current: dict[int, PodView] = {}
     strays: list[PodView] = []
-    for p in pods:
-        if _is_ours(job, p) and p.attempt == attempt and p.node_rank < nnodes and p.node_rank not in current:
+    for p in _ours(job, pods):
+        if p.attempt == attempt and p.node_rank < nnodes and p.node_rank not in current:
             current[p.node_rank] = p
         else:
             strays.append(p)
@@ -448,9 +468,11 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         plan = _finished(job, done, pods, now)
         return replace(plan, delete=plan.delete + stray_deletes,
                        events=(Event("Normal", "Succeeded", f"All {nnodes} node(s) succeeded"),))
+    note = "; the spec has changed since this attempt started: the change applies to the next attempt" \
+        if reshaped else ""
     if started == nnodes:
         running_now = ready
-        message = f"{running_now}/{nnodes} node(s) running" + (f", {succeeded} succeeded" if succeeded else "")
+        message = f"{running_now}/{nnodes} node(s) running" + (f", {succeeded} succeeded" if succeeded else "") + note
         events = () if status.phase == RUNNING else (Event("Normal", "Running", f"All {nnodes} node(s) running (attempt {attempt})"),)
         running = replace(with_phase(observed, RUNNING, "AllNodesRunning", message, now), failedNode=None)
         return Plan(status=running, delete=stray_deletes, events=events)
@@ -473,15 +495,31 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                        f"({job.spec.startupTimeoutSeconds}s): {described}")
             return _fail(job, observed, pods, now, "StartupTimeout", message)
 
+    recreate = tuple(r for r in missing if r not in created_ranks)
+    if recreate and reshaped:
+        # A pod of this attempt would be built from another spec than its peers (another
+        # WORLD_SIZE, image, ...): start the next attempt in the new shape instead.
+        return _reshape(job, observed, pods, now)
     phase = RESTARTING if status.phase == RESTARTING else PENDING
     reason = "NodesPending"
     prefix = (f"restart {status.restarts} of {job.spec.failurePolicy.maxRestarts}: "
               if phase == RESTARTING else "")
-    message = f"{prefix}{started}/{nnodes} node(s) started; waiting for {described}"
+    message = f"{prefix}{started}/{nnodes} node(s) started; waiting for {described}{note}"
     pending = with_phase(observed, phase, reason, message, now)
-    recreate = tuple(r for r in missing if r not in created_ranks)
     return Plan(status=pending, create_ranks=recreate, attempt=attempt, ensure_service=bool(recreate),
                 delete=stray_deletes, requeue_after=left)
+
+
+def _reshape(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime) -> Plan:
+    """The spec changed while the attempt still lacks pods: delete the attempt's pods and start
+    the next attempt from the new spec. Not a failure: the restart budget is not spent."""
+    message = (f"the spec changed while attempt {status.restartAttempt} was starting; "
+               f"recreating the gang from the new spec (attempt {status.restartAttempt + 1})")
+    restarting = replace(status, restartAttempt=status.restartAttempt + 1, readyNodes=0)
+    restarting = with_phase(restarting, RESTARTING, "SpecChanged", message, now, created=False,
+                            created_reason="SpecChanged", created_message=message)
+    return Plan(status=restarting, delete=_deletable(_ours(job, pods)),
+                events=(Event("Warning", "SpecChanged", message),))
 
 
 def _describe_waiting(p: PodView) -> str:
@@ -514,7 +552,7 @@ def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                             created_reason="Restarting", created_message=message)
     event = Event("Warning", "Restarting",
                   f"{first.describe()}" + (f" [{first.reason}]" if first.reason else "")
-                  + f"; restarting all {job.spec.nnodes} node(s) (restart {restarts} of {budget})")
+                  + f"; restarting all {status.nnodes} node(s) (restart {restarts} of {budget})")
     # Every pod of the attempt goes, including the healthy ranks: they would hang in a
     # collective with the dead one until a watchdog fires (kubeflow/trainer#2269).
-    return Plan(status=restarting, delete=_deletable(pods), events=(event,))
+    return Plan(status=restarting, delete=_deletable(_ours(job, pods)), events=(event,))
