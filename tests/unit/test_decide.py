@@ -27,14 +27,14 @@ def pod(rank: int, phase: str = "Running", attempt: int = 0, **kw) -> PodView:
 
 
 def failed(rank: int, code, attempt: int = 0, at: float = 5, reason: str = "Error", **kw) -> PodView:
-    return pod(rank, "Failed", attempt, exit_code=code, terminated_reason=reason, finished_at=ago(at),
-               terminated_message=f"rank {rank} says why", **kw)
+    kw.setdefault("terminated_message", f"rank {rank} says why")
+    return pod(rank, "Failed", attempt, exit_code=code, terminated_reason=reason, finished_at=ago(at), **kw)
 
 
 def gang_status(attempt: int = 0, created_ago: float = 30, phase: str = "Pending", restarts: int = 0,
-                nodes=(), start_ago: float = 30) -> JobStatus:
-    """A status whose gang (attempt) was created ``created_ago`` seconds before NOW."""
-    base = JobStatus(restartAttempt=attempt, restarts=restarts, nnodes=2, startTime=format_time(ago(start_ago)),
+                nodes=(), start_ago: float = 30, nnodes: int = 2) -> JobStatus:
+    """A status whose gang (attempt, of ``nnodes``) was created ``created_ago`` seconds before NOW."""
+    base = JobStatus(restartAttempt=attempt, restarts=restarts, nnodes=nnodes, startTime=format_time(ago(start_ago)),
                      nodes=tuple(nodes))
     return with_phase(base, phase, "PodsCreated", "", ago(created_ago), created=True)
 
@@ -532,3 +532,58 @@ def test_view_pod_reads_the_scheduler_verdict():
            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                                           "message": "0/1 nodes are available"}]}}
     assert view_pod(obj).unschedulable == "Unschedulable: 0/1 nodes are available"
+
+
+# --- status text (issue 11, item 4) -------------------------------------------------------------
+SCHEDULER_VERDICT = ("Unschedulable: 0/64 nodes are available: 64 Insufficient nvidia.com/gpu. preemption: "
+                     "0/64 nodes are available: 64 No preemption victims found for incoming pod, " * 3)
+
+
+def test_a_long_waiting_message_keeps_its_beginning_and_groups_the_same_verdict():
+    nnodes = 64
+    pods = [pod(r, "Pending", unschedulable=SCHEDULER_VERDICT) for r in range(nnodes)]
+    s = decide(make_job(nnodes), gang_status(nnodes=nnodes), pods, NOW).status
+    assert len(s.message) <= 1024
+    assert s.message.startswith("0/64 node(s) started; waiting for 64 pod(s) train-node-0, train-node-1,")
+    assert "and 59 more Pending (Unschedulable: 0/64 nodes are available" in s.message
+    assert len(s.message) < 450  # one clause for the 64 pods, not 64 copies of the verdict
+    assert all(len(n.message) <= 256 and n.message.startswith("0/64 nodes") for n in s.nodes)
+
+
+def test_a_startup_timeout_message_keeps_its_count():
+    pods = [pod(r, "Pending", unschedulable=SCHEDULER_VERDICT, waiting_reason=str(r)) for r in range(64)]
+    s = decide(make_job(64), gang_status(created_ago=601, nnodes=64), pods, NOW).status
+    assert s.reason == "StartupTimeout" and len(s.message) <= 1024
+    assert s.message.startswith("64 of 64 node(s) not running after startupTimeoutSeconds (600s): ")
+
+
+def test_a_long_termination_message_keeps_its_last_lines():
+    traceback = "Traceback (most recent call last):\n" + "  File x, line 1\n" * 400 + "ValueError: the cause"
+    s = decide(make_job(), gang_status(phase="Running"), [pod(0), failed(1, 1, terminated_message=traceback)],
+               NOW).status
+    assert s.failedNode.message.endswith("ValueError: the cause") and len(s.failedNode.message) <= 2048
+    assert s.failedNode.message.startswith("...  File x")  # cut at a line
+    node = s.nodes[1]
+    assert node.message.endswith("ValueError: the cause") and len(node.message) <= 256
+
+
+@pytest.mark.parametrize("message, says_saved", [
+    ("", False),
+    ("Terminated", False),
+    ("ddptrain-pod: node 1: exit 143: stopped by signal 15 at step=40/90; checkpoint /ckpt/step-40.pt saved", True),
+])
+def test_exit_143_says_checkpoint_saved_only_when_the_container_said_so(message, says_saved):
+    pods = [pod(0), failed(1, 143, reason="Error", terminated_message=message)]
+    s = decide(make_job(), gang_status(phase="Running"), pods, NOW).status
+    assert "exited with code 143 (" in s.message and "SIGTERM" in s.message
+    assert ("checkpoint saved" in s.message) == says_saved, s.message
+
+
+def test_pods_refused_by_the_api_server_are_named_with_the_reason():
+    quota = ('pods "train-node-1" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=1, '
+             'limited: pods=1')
+    plan = decide(make_job(), gang_status(), [pod(0)], NOW, creation_errors={1: quota})
+    assert plan.create_ranks == (1,)  # tried again
+    assert "train-node-1 not created (pods \"train-node-1\" is forbidden: exceeded quota: compute" in plan.status.message
+    timed_out = decide(make_job(), gang_status(created_ago=601), [pod(0)], NOW, creation_errors={1: quota}).status
+    assert timed_out.reason == "StartupTimeout" and "exceeded quota: compute" in timed_out.message

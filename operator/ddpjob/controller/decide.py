@@ -22,6 +22,7 @@ Rules, in the order they apply:
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -33,7 +34,7 @@ from ddpjob.api.status import (
     CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, NODE_MESSAGE_LIMIT, PENDING, RESTARTING, RUNNING,
     SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState,
 )
-from ddpjob.controller.status import format_time, parse_time, terminal_reason, truncate, with_phase
+from ddpjob.controller.status import format_time, parse_time, shorten, terminal_reason, truncate, with_phase
 
 # Failure reasons after which the job's pods are always released, whatever cleanPodPolicy says:
 # the job never got going, and what it holds (GPUs) is what other jobs are waiting for.
@@ -43,6 +44,7 @@ POD_FAILED = "Failed"
 POD_RUNNING = "Running"
 MISSING = "Deleted"  # the phase and reason recorded for a pod deleted from under the job
 _LISTED_PODS = 5  # pods named in a message before "and N more"
+_DETAIL_LIMIT = 300  # characters of one reason (a scheduler verdict, an API error) in a message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,6 +162,19 @@ class Plan:
     requeue_after: Optional[float] = None  # seconds until a clock (deadline, timeout, TTL) runs out
 
 
+# The trainer's termination message after SIGTERM: "...; checkpoint /ckpt/step-40.pt saved".
+_CHECKPOINT_SAVED = re.compile(r"\bcheckpoint\b[^;\n]*\bsaved\b")
+
+
+def _exit_meaning(code: int, message: str) -> str:
+    """What an exit code is known to mean: the code says SIGTERM; only the container's own
+    termination message can say a checkpoint was saved."""
+    meaning = contract.describe_exit_code(code)
+    if code == contract.ExitCode.PREEMPTED and _CHECKPOINT_SAVED.search(message or ""):
+        meaning = "preempted: SIGTERM, checkpoint saved (retryable)"
+    return meaning
+
+
 @dataclass(frozen=True)
 class _Failure:
     rank: int
@@ -173,9 +188,10 @@ class _Failure:
         return failure_policy.NodeFailure(self.rank, self.exit_code, self.reason, self.at)
 
     def describe(self) -> str:
-        what = (f"exited with code {self.exit_code} ({contract.describe_exit_code(self.exit_code)})"
+        what = (f"exited with code {self.exit_code} ({_exit_meaning(self.exit_code, self.message)})"
                 if self.exit_code is not None else f"was {self.reason.lower() or 'lost'}")
         return f"node {self.rank} (pod {self.pod}) {what}"
+
 
     def failed_node(self) -> FailedNode:
         return FailedNode(nodeRank=self.rank, pod=self.pod, exitCode=self.exit_code,
@@ -204,13 +220,15 @@ def decide(
     *,
     generation: Optional[int] = None,
     created_ranks: frozenset[int] = frozenset(),
+    creation_errors: Mapping[int, str] = {},
     force_delete_after: float = 60.0,
 ) -> Plan:
     """The next step for ``job``.
 
     ``pods``: every pod labelled with the job's name. ``created_ranks``: ranks of the current
     attempt this operator process created but may not have observed yet (so it does not POST
-    them again while the watch catches up).
+    them again while the watch catches up). ``creation_errors``: why the API server refused
+    to create ranks of the current attempt (a ResourceQuota, say), to name in the status.
     """
     status = replace(status, observedGeneration=generation if generation is not None else status.observedGeneration)
     status = _adopt_newer_attempt(job, status, pods, now)
@@ -233,7 +251,7 @@ def decide(
     elif not status.is_true(CREATED):
         plan = _create_gang(job, status, pods, now)
     else:
-        plan = _watch_gang(job, status, pods, now, created_ranks)
+        plan = _watch_gang(job, status, pods, now, created_ranks, creation_errors)
 
     if plan.status.phase not in (SUCCEEDED, FAILED, SUSPENDED):
         plan = replace(plan, requeue_after=_earliest(plan.requeue_after, _deadline_left(job, plan.status, now)))
@@ -390,12 +408,14 @@ def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], n
 def _node_state(p: PodView) -> NodeState:
     reason = (p.terminated_reason or p.disruption or p.pod_reason or p.waiting_reason
               or ("Unschedulable" if p.unschedulable else ""))
-    message = p.terminated_message or p.pod_message or p.waiting_message or p.unschedulable.partition(": ")[2]
+    # Container output keeps its last lines; the kubelet's and the scheduler's words their first.
+    message = (truncate(p.terminated_message, NODE_MESSAGE_LIMIT) if p.terminated_message else
+               shorten(p.pod_message or p.waiting_message or p.unschedulable.partition(": ")[2],
+                       NODE_MESSAGE_LIMIT))
     if p.deleting and not p.finished:
         reason = reason or "Terminating"
     return NodeState(nodeRank=p.node_rank, pod=p.name, phase=p.phase, ready=p.ready,
-                     exitCode=p.exit_code, reason=reason, message=truncate(message, NODE_MESSAGE_LIMIT),
-                     nodeName=p.node_name)
+                     exitCode=p.exit_code, reason=reason, message=message, nodeName=p.node_name)
 
 
 def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[_Failure]:
@@ -413,7 +433,7 @@ def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[_Failure]:
 
 
 def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
-                created_ranks: frozenset[int]) -> Plan:
+                created_ranks: frozenset[int], creation_errors: Mapping[int, str]) -> Plan:
     # The attempt keeps the shape it was created with (status.nnodes, status.podSpecHash): a
     # spec changed under it (an older CRD, a bypassed validation) is for the next attempt.
     nnodes, attempt = status.nnodes, status.restartAttempt
@@ -479,11 +499,7 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
 
     # Some nodes have not started: the startup clock runs from the attempt's creation.
     waiting = [p for p in current.values() if p.phase not in (POD_RUNNING, POD_SUCCEEDED)]
-    described = "; ".join(_describe_waiting(p) for p in sorted(waiting, key=lambda p: p.node_rank)[:_LISTED_PODS])
-    if len(waiting) > _LISTED_PODS:
-        described += f"; and {len(waiting) - _LISTED_PODS} more"
-    if missing:
-        described = "; ".join(filter(None, [described, f"{len(missing)} pod(s) not observed yet"]))
+    described = _describe_not_started(job, waiting, missing, creation_errors)
     not_started = len(waiting) + len(missing)
     created_cond = status.condition(CREATED)
     started_at = parse_time(created_cond.lastTransitionTime) if created_cond else None
@@ -522,13 +538,37 @@ def _reshape(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: 
                 events=(Event("Warning", "SpecChanged", message),))
 
 
-def _describe_waiting(p: PodView) -> str:
+def _describe_not_started(job: spec.DDPJob, waiting: Sequence[PodView], missing: Sequence[int],
+                          creation_errors: Mapping[int, str]) -> str:
+    """The pods not running yet, grouped by why: a 64-node gang the scheduler cannot place is
+    one clause ("64 pod(s) ... Pending (Unschedulable: ...)"), not 64 copies of its verdict."""
+    groups: dict[str, list[str]] = {}
+    for p in sorted(waiting, key=lambda p: p.node_rank):
+        groups.setdefault(_why_waiting(p), []).append(p.name)
+    refused = [r for r in missing if r in creation_errors]
+    for rank in refused:
+        why = f"not created ({shorten(creation_errors[rank], _DETAIL_LIMIT)})"
+        groups.setdefault(why, []).append(names.node_pod_name(job.name, rank))
+    unseen = len(missing) - len(refused)
+    clauses = [f"{_listed(pods)} {why}" for why, pods in groups.items()]
+    if unseen:
+        clauses.append(f"{unseen} pod(s) not observed yet")
+    return "; ".join(clauses)
+
+
+def _listed(pod_names: Sequence[str]) -> str:
+    shown = ", ".join(pod_names[:_LISTED_PODS])
+    more = len(pod_names) - _LISTED_PODS
+    return (f"{len(pod_names)} pod(s) {shown} and {more} more" if more > 0 else shown)
+
+
+def _why_waiting(p: PodView) -> str:
     if p.unschedulable:
-        return f"{p.name} Pending ({p.unschedulable})"
+        return f"Pending ({shorten(p.unschedulable, _DETAIL_LIMIT)})"
     if p.waiting_reason:
         detail = f": {p.waiting_message}" if p.waiting_message else ""
-        return f"{p.name} {p.phase} ({p.waiting_reason}{detail})"
-    return f"{p.name} {p.phase}"
+        return f"{p.phase} ({shorten(p.waiting_reason + detail, _DETAIL_LIMIT)})"
+    return p.phase
 
 
 def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,

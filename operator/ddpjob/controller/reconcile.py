@@ -17,8 +17,8 @@ from ddpjob.api import spec
 from ddpjob.controller.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
 from ddpjob.controller.kube import ApiError, KubeApi
 from ddpjob.controller.settings import OperatorSettings
-from ddpjob.api.status import JobStatus
-from ddpjob.controller.status import truncate
+from ddpjob.api.status import STATUS_MESSAGE_LIMIT, JobStatus
+from ddpjob.controller.status import shorten
 
 logger = logging.getLogger("ddpjob.controller.reconcile")
 
@@ -164,7 +164,7 @@ def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
     name = (body.get("metadata") or {}).get("name", "?")
     if exc.not_found and exc.what.startswith("patch status"):
         return None  # the DDPJob itself is gone; its DELETED event stops this worker
-    message = truncate(f"{exc}", 1024)
+    message = shorten(f"{exc}", STATUS_MESSAGE_LIMIT)
     logger.warning("%s: reconcile error: %s", name, message)
     memory.consecutive_errors += 1
     if message != memory.last_error:
