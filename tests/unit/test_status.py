@@ -93,7 +93,7 @@ def test_truncate_keeps_the_end():
 
 
 def test_shorten_keeps_the_beginning():
-    assert shorten("2/64 node(s) started; " + "x" * 100, 30) == "2/64 node(s) started; xxxx..."
+    assert shorten("2/64 node(s) started; " + "x" * 100, 30) == "2/64 node(s) started; xxxxx..."
     assert shorten(" short ", 12) == "short"
 
 
