@@ -271,6 +271,13 @@ def uids(pods) -> set[str]:
     return {p.uid for p in pods}
 
 
+def test_a_foreign_pod_with_the_name_of_a_node_is_named_and_waited_for():
+    squatter = pod(1, owner_uid=None, uid="foreign-1")  # a user's pod called train-node-1
+    plan = decide(make_job(), JobStatus(), [squatter], NOW)
+    assert plan.create_ranks == () and plan.delete == ()
+    assert "train-node-1: not this job's pod(s)" in plan.status.message
+
+
 def test_a_foreign_pod_does_not_hold_the_gang_back_and_is_not_deleted():
     plan = decide(make_job(), JobStatus(), foreign_pods(), NOW)
     assert plan.create_ranks == (0, 1) and plan.delete == ()

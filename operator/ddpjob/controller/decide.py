@@ -389,6 +389,10 @@ def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], n
     if pods:
         reason = status.reason if phase == RESTARTING else ("Resuming" if status.phase == SUSPENDED else "Waiting")
         message = f"waiting for {len(pods)} old pod(s) to terminate before creating attempt {attempt}: {_names(pods)}"
+        foreign = [p for p in pods if not _is_ours(job, p) and not p.deleting]
+        if foreign:
+            message += (f" ({_names(foreign)}: not this job's pod(s), with the name of one of its own; "
+                        "the operator does not delete them)")
         if phase == RESTARTING and status.failedNode is not None:
             message = f"restart {status.restarts} of {job.spec.failurePolicy.maxRestarts}: {message}"
         waiting = with_phase(replace(status, readyNodes=0), phase, reason, message, now)
