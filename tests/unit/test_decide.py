@@ -594,3 +594,10 @@ def test_pods_refused_by_the_api_server_are_named_with_the_reason():
     assert "train-node-1 not created (pods \"train-node-1\" is forbidden: exceeded quota: compute" in plan.status.message
     timed_out = decide(make_job(), gang_status(created_ago=601), [pod(0)], NOW, creation_errors={1: quota}).status
     assert timed_out.reason == "StartupTimeout" and "exceeded quota: compute" in timed_out.message
+
+
+def test_the_shape_fingerprint_ignores_fields_left_at_their_defaults():
+    # A field added later with a default must not make running jobs look reshaped.
+    assert spec.pod_spec_hash(make_job(2).spec) == spec.pod_spec_hash(make_job(2, shmSize="2Gi").spec)
+    assert spec.pod_spec_hash(make_job(2).spec) != spec.pod_spec_hash(make_job(2, shmSize="4Gi").spec)
+    assert spec.pod_spec_hash(make_job(2).spec) != spec.pod_spec_hash(make_job(3).spec)

@@ -385,10 +385,21 @@ def pod_spec_hash(job_spec: "DDPJobSpec") -> str:
     """A fingerprint of the pod-shaping part of a spec (every field but MUTABLE_WHILE_ACTIVE).
     The operator records it with each attempt, so it can tell a spec changed under a running
     gang (by an older CRD, or an edit that bypassed validation) and leave that gang alone."""
+    # Fields left at their defaults are left out, so that a field added in a later release
+    # (with a default) does not make every running job's recorded shape look changed.
+    defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+                for f in dataclasses.fields(DDPJobSpec)}
     shape = {k: v for k, v in dataclasses.asdict(job_spec).items()
-             if k not in MUTABLE_WHILE_ACTIVE and v is not None}
+             if k not in MUTABLE_WHILE_ACTIVE and v is not None
+             and not (defaults[k] is not dataclasses.MISSING and _same(v, defaults[k]))}
     text = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=_plain)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _same(value: Any, default: Any) -> bool:
+    if dataclasses.is_dataclass(default):
+        default = dataclasses.asdict(default)
+    return json.dumps(value, sort_keys=True, default=_plain) == json.dumps(default, sort_keys=True, default=_plain)
 
 
 def _plain(value: Any) -> Any:

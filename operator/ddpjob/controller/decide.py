@@ -285,7 +285,7 @@ def _adopt_newer_attempt(job: spec.DDPJob, status: JobStatus, pods: Sequence[Pod
     ours = [p.attempt for p in pods if _is_ours(job, p)]
     if status.terminal or job.spec.suspend or not ours or max(ours) <= status.restartAttempt:
         return status
-    adopted = replace(status, restartAttempt=max(ours), nodes=())
+    adopted = replace(status, restartAttempt=max(ours), nodes=(), podSpecHash="")  # shape unknown
     return with_phase(adopted, status.phase or PENDING, status.reason or "PodsCreated", status.message,
                       now, created=True, created_reason="PodsCreated",
                       created_message=f"adopted the pods of attempt {max(ours)}")
