@@ -352,7 +352,7 @@ def test_cli_against_the_stored_job(tmp_path, capsys):
     f.write_text(yaml.safe_dump(edited))
     code, out, err = _run(capsys, "-f", str(f), "--against", str(live))
     assert code == 2 and out == ""
-    assert err.splitlines() == [f"{f}: DDPJob/mnist: spec.nnodes: spec.nnodes cannot change while the job "
+    assert err.splitlines() == [f"{f}: DDPJob/mnist: spec.nnodes: cannot change while the job "
                                 "runs (status.phase Pending, Running or Restarting): suspend the job "
                                 "(spec.suspend: true, possibly in the same edit) or wait until it has finished"]
     # The same file alone is a valid new job; against a suspended one, a valid edit.

@@ -173,7 +173,7 @@ def _editing_section() -> list[str]:
         "Every pod of a gang is built from the same spec: one WORLD_SIZE, one image, one command. "
         f"While an attempt is active (`status.phase` {', '.join(spec.ACTIVE_PHASES)}) the API "
         f"server refuses a change to the fields the pods are built from ({shaping}), naming the "
-        "field and saying why (\"" + example.message + "\"). "
+        "field and saying why (`spec.nnodes: ... " + example.message + "`). "
         "They may change while the job is `Suspended` (Kueue sets `template.spec.nodeSelector` "
         "and `tolerations` of a suspended job), in the same edit that sets `suspend: true`, "
         "once the job has finished, and before the operator has written a status. "

@@ -352,7 +352,7 @@ def _unchanged_rule(name: str, always_present: bool) -> Rule:
             f" : !has(oldSelf.spec.{name}))")
     return Rule(
         cel=f"!({_ACTIVE}) || self.spec.suspend || {same}",
-        message=f"spec.{name} cannot change while the job runs (status.phase Pending, Running or "
+        message="cannot change while the job runs (status.phase Pending, Running or "
         "Restarting): suspend the job (spec.suspend: true, possibly in the same edit) or wait "
         "until it has finished",
         check=lambda new, old, name=name: (not is_active(old) or new["spec"].get("suspend") is True
