@@ -3,6 +3,10 @@
 Pure: plain data in, a ``Plan`` out; no clock, no API, no kopf. Every path a job can take (and
 every pain point of the peers it is meant to fix) is a table row in tests/unit/test_decide.py.
 
+Throughout: only pods whose controller owner reference is this job (by uid) are ever deleted or
+counted as the job's; and an attempt keeps the shape it was created with (status.nnodes,
+status.podSpecHash): a spec changed under it applies to the next attempt.
+
 Rules, in the order they apply:
 
 1. A pod Terminating long past its deadline is force-deleted (its node is gone:
@@ -192,7 +196,6 @@ class _Failure:
                 if self.exit_code is not None else f"was {self.reason.lower() or 'lost'}")
         return f"node {self.rank} (pod {self.pod}) {what}"
 
-
     def failed_node(self) -> FailedNode:
         return FailedNode(nodeRank=self.rank, pod=self.pod, exitCode=self.exit_code,
                           reason=self.reason, message=truncate(self.message, FAILED_NODE_MESSAGE_LIMIT))
@@ -220,7 +223,7 @@ def decide(
     *,
     generation: Optional[int] = None,
     created_ranks: frozenset[int] = frozenset(),
-    creation_errors: Mapping[int, str] = {},
+    creation_errors: Optional[Mapping[int, str]] = None,
     force_delete_after: float = 60.0,
 ) -> Plan:
     """The next step for ``job``.
@@ -251,7 +254,7 @@ def decide(
     elif not status.is_true(CREATED):
         plan = _create_gang(job, status, pods, now)
     else:
-        plan = _watch_gang(job, status, pods, now, created_ranks, creation_errors)
+        plan = _watch_gang(job, status, pods, now, created_ranks, creation_errors or {})
 
     if plan.status.phase not in (SUCCEEDED, FAILED, SUSPENDED):
         plan = replace(plan, requeue_after=_earliest(plan.requeue_after, _deadline_left(job, plan.status, now)))
