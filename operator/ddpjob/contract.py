@@ -150,7 +150,8 @@ class ExitCode(enum.IntEnum):
     RENDEZVOUS_TIMEOUT = 12
     #: A peer rank died or the collective timed out mid-training. Retryable.
     PEER_LOST = 13
-    #: SIGTERM (preemption, pod deletion): a checkpoint was saved first. Retryable.
+    #: SIGTERM (preemption, pod deletion). The trainer saves a checkpoint first and says so in
+    #: its termination message; another program's 143 promises nothing. Retryable.
     PREEMPTED = 143
 
 
@@ -179,7 +180,7 @@ EXIT_CODE_MEANINGS: Mapping[int, str] = {
     126: "command not executable (permanent)",
     127: "command not found (permanent)",
     137: "killed (SIGKILL, often the OOM killer) (retryable)",
-    143: "preempted: SIGTERM, checkpoint saved (retryable)",
+    143: "terminated: SIGTERM (retryable)",
 }
 
 

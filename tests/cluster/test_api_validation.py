@@ -36,7 +36,7 @@ import yaml
 
 from ddpjob.api import schema
 from tests.support.manifests import (NOT_SENDABLE, REJECTS, REJECTS_WHEN_STRICT, bad_manifest_table,
-                                   good_manifest_table)
+                                   good_manifest_table, several_problems_case, update_table)
 
 from tests.testbed.operator_runner import apply_manifests
 
@@ -47,7 +47,7 @@ GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
 # `ddpjob validate` can judge them (the unit tests do).
 BAD = [case for case in bad_manifest_table() if case.server != NOT_SENDABLE]
 GOOD = good_manifest_table()
-RULE_MESSAGES = {rule.message for rule in schema.all_rules()}
+RULE_MESSAGES = {rule.message for rule in schema.all_rules() if not rule.transition}
 
 
 def _sendable(manifest: dict, name: str) -> dict:
@@ -272,3 +272,73 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
         status.get("phase"), status.get("ready"), status.get("restarts"), status.get("reason"))
     assert cells["Phase"] in ("Running", "Suspended")  # ours, or the operator's if it runs
     assert re.fullmatch(r"\d+[smhd]", cells["Age"]), cells["Age"]
+
+
+def test_every_problem_is_named_in_one_answer_by_both(send, tmp_path):
+    """Field errors do not hide the rules' verdicts, in the API server as in `ddpjob validate`."""
+    manifest, expected = several_problems_case()
+    manifest = _sendable(manifest, "several")
+    accepted, status = send(manifest)
+    assert not accepted
+    assert set(expected) <= set(named_fields(status)), status.get("message")
+    path = tmp_path / "several.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    result = subprocess.run([*ddpjob_command(), "validate", "-f", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert sorted(ddpjob_validate_paths(result, "several")) == sorted(expected), result.stderr
+
+
+UPDATES = update_table()
+HOLD = "tests.ddpjob.dev/hold"
+
+
+@pytest.fixture(scope="module")
+def stored_jobs(custom_objects, cases_namespace):
+    """The ``old`` object of every update case, stored with the case's status.phase and kept
+    out of an operator's hands (should one run for other tests): created suspended (no pods),
+    then deleted behind a finalizer of ours, so the operator leaves it alone (it never acts on
+    a DDPJob being deleted), then given the case's status. Edits are sent as dry runs."""
+    stored = {}
+    for case in UPDATES:
+        body = copy.deepcopy(case.old)
+        status = body.pop("status", None)
+        body["metadata"] = {"name": case.id, "namespace": cases_namespace, "finalizers": [HOLD]}
+        body["spec"]["suspend"] = True  # no transition rule reads the old suspend
+        custom_objects.create_namespaced_custom_object(GROUP, VERSION, cases_namespace, PLURAL, body)
+        custom_objects.delete_namespaced_custom_object(GROUP, VERSION, cases_namespace, PLURAL, case.id)
+        if status:
+            custom_objects.patch_namespaced_custom_object_status(
+                GROUP, VERSION, cases_namespace, PLURAL, case.id, {"status": status})
+        stored[case.id] = custom_objects.get_namespaced_custom_object(
+            GROUP, VERSION, cases_namespace, PLURAL, case.id)
+    yield stored
+    for case in UPDATES:
+        custom_objects.patch_namespaced_custom_object(
+            GROUP, VERSION, cases_namespace, PLURAL, case.id, {"metadata": {"finalizers": None}})
+
+
+@pytest.mark.parametrize("case", UPDATES, ids=[case.id for case in UPDATES])
+def test_an_edit_is_judged_alike_by_the_api_server_and_ddpjob_validate(case, custom_objects,
+                                                                       cases_namespace, stored_jobs):
+    from kubernetes.client.rest import ApiException
+
+    old = stored_jobs[case.id]
+    assert (old.get("status") or {}).get("phase", "") == (case.old.get("status") or {}).get("phase", "")
+    new = copy.deepcopy(case.new)
+    new["metadata"] = {**old["metadata"]}  # name, resourceVersion, finalizers
+    try:
+        custom_objects.replace_namespaced_custom_object(GROUP, VERSION, cases_namespace, PLURAL, case.id,
+                                                        new, dry_run="All", field_validation="Strict")
+        accepted, status = True, {}
+    except ApiException as error:
+        accepted, status = False, json.loads(error.body)
+    problems = schema.validate_ddpjob(case.new, old)
+    if case.path is None:
+        assert accepted, status.get("message")
+        assert problems == []
+    else:
+        assert not accepted, f"the API server accepted {case.id}"
+        assert named_fields(status) == [case.path], status.get("message")
+        assert case.message in status["message"]
+        assert [p.path for p in problems] == [case.path]

@@ -123,10 +123,18 @@ def bad_manifest_table() -> list[BadCase]:
              "must be a string, got integer 1"),
         _bad("env-unknown-key", {"spec.env": [{"name": "A", "valu": "1"}]}, "spec.env[0].valu",
              "unknown field", REJECTS_WHEN_STRICT),
-        _bad("env-reserved-name", {"spec.env": [{"name": "MASTER_ADDR", "value": "x"}]}, "spec.env",
+        _bad("env-reserved-name", {"spec.env": [{"name": "MASTER_ADDR", "value": "x"}]}, "spec.env[0].name",
              "env may not set the names the operator sets"),
         _bad("env-reserved-prefix", {"spec.env": [{"name": "PET_RDZV_BACKEND", "value": "c10d"}]},
-             "spec.env", "env may not set the names the operator sets"),
+             "spec.env[0].name", "env may not set the names the operator sets"),
+        _bad("env-reserved-second-entry", {"spec.env": [{"name": "SEED", "value": "1"},
+                                                        {"name": "WORLD_SIZE", "value": "8"}]},
+             "spec.env[1].name", "env may not set the names the operator sets"),
+        # A pod keeps the last of two equal names without a word; the API server refuses them
+        # (x-kubernetes-list-type: map keyed by name).
+        _bad("env-name-repeated", {"spec.env": [{"name": "SEED", "value": "1"}, {"name": "LR", "value": "0.1"},
+                                                {"name": "SEED", "value": "2"}]},
+             "spec.env[2]", 'duplicate entry: name "SEED" is also env[0]'),
         _bad("gpu-limit-on-cpu-job", {"spec.resources": {"limits": {_GPU: 1}}}, "spec.resources.limits",
              "only allowed with device: gpu"),
         _bad("gpu-request-on-cpu-job", {"spec.resources": {"requests": {_GPU: 1}}},
@@ -148,7 +156,8 @@ def bad_manifest_table() -> list[BadCase]:
         _bad("mount-over-dev-shm", {"spec.volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
                                     "spec.template": {"spec": {"volumes": [{"name": "shm", "emptyDir": {}}]}}},
              "spec.volumeMounts", "set shmSize instead"),
-        _bad("mount-without-path", {"spec.volumeMounts": [{"name": "data"}]},
+        _bad("mount-without-path", {"spec.volumeMounts": [{"name": "data"}],
+                                    "spec.template": {"spec": {"volumes": [{"name": "data", "emptyDir": {}}]}}},
              "spec.volumeMounts[0].mountPath", "required"),
         _bad("volume-without-name", {"spec.template": {"spec": {"volumes": [{"emptyDir": {}}]}}},
              "spec.template.spec.volumes[0].name", "required"),
@@ -252,4 +261,77 @@ def good_manifest_table() -> list[tuple[str, dict]]:
         ("operator-view", with_changes({"metadata": {"name": "j", "namespace": "ns", "uid": "u-1",
                                                      "generation": 3, "resourceVersion": "7",
                                                      "annotations": {"a": "b"}}})),
+    ]
+
+
+def several_problems_case() -> tuple[dict, dict[str, str]]:
+    """One manifest with problems of every kind at once (a field bound, a field pattern, rules
+    on the object, on the spec and on an env entry): (manifest, {field path: message part}).
+    Both judges name every one of them in one answer."""
+    manifest = with_changes({"metadata.name": "Bad-Name", "spec.nnodes": 0, "spec.shmSize": "2GB",
+                             "spec.resources": {"limits": {_GPU: 1}},
+                             "spec.env": [{"name": "SEED", "value": "1"}, {"name": "RANK", "value": "0"}]})
+    return manifest, {"metadata.name": "DNS-1035 label", "spec.nnodes": "must be >= 1",
+                      "spec.shmSize": "must match the pattern",
+                      "spec.resources.limits": "only allowed with device: gpu",
+                      "spec.env[1].name": "env may not set the names the operator sets"}
+
+
+@dataclass(frozen=True)
+class UpdateCase:
+    """An edit of a stored DDPJob: ``old`` (with the status the operator wrote) replaced by
+    ``new``. ``path`` is the field the refusal names, None when the edit is allowed."""
+
+    id: str
+    old: dict
+    new: dict
+    path: str | None
+    message: str = ""
+
+
+_IMMUTABLE = "cannot change while the job runs"
+
+
+def _update(id: str, phase: str, changes: dict[str, Any], path: str | None = None,
+            old_changes: dict[str, Any] | None = None) -> UpdateCase:
+    old = with_changes(old_changes or {})
+    if phase:
+        old["status"] = {"phase": phase}
+    new = with_changes(changes, old)
+    new.pop("status", None)
+    return UpdateCase(id, old, new, path, _IMMUTABLE if path else "")
+
+
+def update_table() -> list[UpdateCase]:
+    """Edits of a stored job: what may change while an attempt is active (status.phase Pending,
+    Running or Restarting), and what may change once it is Suspended or finished."""
+    return [
+        _update("grow-while-running", "Running", {"spec.nnodes": 3}, "spec.nnodes"),
+        _update("shrink-while-pending", "Pending", {"spec.nnodes": 1}, "spec.nnodes"),
+        _update("image-while-restarting", "Restarting", {"spec.image": "other:2"}, "spec.image"),
+        _update("env-while-running", "Running", {"spec.env": [{"name": "SEED", "value": "2"}]}, "spec.env"),
+        _update("node-selector-while-running", "Running",
+                {"spec.template": {"spec": {"nodeSelector": {"pool": "b"}}}}, "spec.template"),
+        _update("command-set-while-running", "Running", {"spec.command": ["python", "train.py"]},
+                "spec.command"),
+        _update("command-removed-while-running", "Running", {"spec.command": DELETE}, "spec.command",
+                old_changes={"spec.command": ["python", "train.py"]}),
+        _update("startup-timeout-while-running", "Running", {"spec.startupTimeoutSeconds": 60},
+                "spec.startupTimeoutSeconds"),
+        # Allowed: the fields that steer the operator and no pod, at any time.
+        _update("suspend-while-running", "Running", {"spec.suspend": True}),
+        _update("budget-while-running", "Running", {"spec.failurePolicy": {"maxRestarts": 9}}),
+        _update("deadline-while-running", "Running", {"spec.activeDeadlineSeconds": 600}),
+        _update("ttl-and-cleanup-while-running", "Running", {"spec.ttlSecondsAfterFinished": 60,
+                                                             "spec.cleanPodPolicy": "All"}),
+        # Allowed: anything while suspended (Kueue sets nodeSelector and tolerations then), in
+        # the edit that suspends, and once the job has finished (the operator ignores it).
+        _update("reshape-while-suspended", "Suspended",
+                {"spec.nnodes": 4, "spec.template": {"spec": {"nodeSelector": {"pool": "b"},
+                                                             "tolerations": [{"key": "k", "operator": "Exists"}]}}}),
+        _update("resume-reshaped", "Suspended", {"spec.nnodes": 4, "spec.suspend": False},
+                old_changes={"spec.suspend": True}),
+        _update("suspend-and-reshape-in-one-edit", "Running", {"spec.nnodes": 4, "spec.suspend": True}),
+        _update("edit-a-finished-job", "Failed", {"spec.image": "other:2"}),
+        _update("edit-before-the-operator-saw-it", "", {"spec.nnodes": 5}),
     ]

@@ -27,14 +27,14 @@ def pod(rank: int, phase: str = "Running", attempt: int = 0, **kw) -> PodView:
 
 
 def failed(rank: int, code, attempt: int = 0, at: float = 5, reason: str = "Error", **kw) -> PodView:
-    return pod(rank, "Failed", attempt, exit_code=code, terminated_reason=reason, finished_at=ago(at),
-               terminated_message=f"rank {rank} says why", **kw)
+    kw.setdefault("terminated_message", f"rank {rank} says why")
+    return pod(rank, "Failed", attempt, exit_code=code, terminated_reason=reason, finished_at=ago(at), **kw)
 
 
 def gang_status(attempt: int = 0, created_ago: float = 30, phase: str = "Pending", restarts: int = 0,
-                nodes=(), start_ago: float = 30) -> JobStatus:
-    """A status whose gang (attempt) was created ``created_ago`` seconds before NOW."""
-    base = JobStatus(restartAttempt=attempt, restarts=restarts, nnodes=2, startTime=format_time(ago(start_ago)),
+                nodes=(), start_ago: float = 30, nnodes: int = 2) -> JobStatus:
+    """A status whose gang (attempt, of ``nnodes``) was created ``created_ago`` seconds before NOW."""
+    base = JobStatus(restartAttempt=attempt, restarts=restarts, nnodes=nnodes, startTime=format_time(ago(start_ago)),
                      nodes=tuple(nodes))
     return with_phase(base, phase, "PodsCreated", "", ago(created_ago), created=True)
 
@@ -250,10 +250,156 @@ def test_a_pod_of_an_old_attempt_seen_late_is_deleted():
     assert plan.status.phase == "Running" and [p.uid for p in plan.delete] == ["old"]
 
 
-def test_namesakes_of_a_deleted_job_must_go_before_the_new_gang():
+def test_namesakes_of_a_deleted_job_must_go_before_the_new_gang_but_are_not_ours_to_delete():
+    # The garbage collector removes them (their owner is gone); creating over them would find
+    # "already exists" and count another job's pod as ours.
     foreign = pod(0, owner_uid="uid-of-an-earlier-job-named-train")
     plan = decide(make_job(), JobStatus(), [foreign], NOW)
-    assert plan.create_ranks == () and names(plan.delete) == ["train-node-0"] and plan.status.phase == "Pending"
+    assert plan.create_ranks == () and plan.delete == () and plan.status.phase == "Pending"
+    assert "train-node-0" in plan.status.message
+
+
+# --- pods that are not ours (issue 11, item 2) ------------------------------------------------------
+# A pod carrying the job's label whose controller owner reference is not this job: a user's own
+# pod (no owner at all), or one of another DDPJob's. It is never deleted, never counted.
+def foreign_pods(attempt: int = 0, **kw):
+    return [pod(0, attempt=attempt, owner_uid=None, name="my-debug-pod", uid="foreign-1", **kw),
+            pod(1, attempt=attempt, owner_uid="uid-of-another-job", name="other-node-1", uid="foreign-2", **kw)]
+
+
+def uids(pods) -> set[str]:
+    return {p.uid for p in pods}
+
+
+def test_a_foreign_pod_with_the_name_of_a_node_is_named_and_waited_for():
+    squatter = pod(1, owner_uid=None, uid="foreign-1")  # a user's pod called train-node-1
+    plan = decide(make_job(), JobStatus(), [squatter], NOW)
+    assert plan.create_ranks == () and plan.delete == ()
+    assert "train-node-1: not this job's pod(s)" in plan.status.message
+
+
+def test_a_foreign_pod_does_not_hold_the_gang_back_and_is_not_deleted():
+    plan = decide(make_job(), JobStatus(), foreign_pods(), NOW)
+    assert plan.create_ranks == (0, 1) and plan.delete == ()
+
+
+def test_a_foreign_pod_is_not_a_stray_of_the_running_gang():
+    pods = [pod(0), pod(1)] + foreign_pods(attempt=3)
+    plan = decide(make_job(), gang_status(phase="Running"), pods, NOW)
+    assert plan.status.phase == "Running" and plan.delete == ()
+
+
+def test_a_foreign_pod_is_not_part_of_the_gang_nor_its_failure():
+    pods = [pod(0, "Pending")] + [pod(1, "Failed", owner_uid=None, exit_code=1, uid="foreign-1")]
+    plan = decide(make_job(), gang_status(), pods, NOW)
+    assert plan.status.phase == "Pending" and plan.status.restarts == 0 and plan.delete == ()
+
+
+def test_a_restart_deletes_only_our_pods():
+    pods = [pod(0), failed(1, 1)] + foreign_pods()
+    plan = decide(make_job(), gang_status(phase="Running"), pods, NOW)
+    assert plan.status.phase == "Restarting" and uids(plan.delete) == {"uid-0-0", "uid-0-1"}
+
+
+@pytest.mark.parametrize("policy", ["All", "Running"])
+def test_cleanup_after_the_end_deletes_only_our_pods(policy):
+    pods = [pod(0, "Succeeded"), pod(1, "Succeeded")] + foreign_pods()
+    plan = decide(make_job(cleanPodPolicy=policy), gang_status(phase="Running"), pods, NOW)
+    assert plan.status.phase == "Succeeded" and not (uids(plan.delete) & {"foreign-1", "foreign-2"})
+
+
+def test_suspend_deletes_only_our_pods():
+    pods = [pod(0), pod(1)] + foreign_pods()
+    plan = decide(make_job(suspend=True), gang_status(phase="Running"), pods, NOW)
+    assert uids(plan.delete) == {"uid-0-0", "uid-0-1"} and "2 pod(s)" in plan.status.message
+
+
+@pytest.mark.parametrize("reason, job, status", [
+    ("deadline", make_job(activeDeadlineSeconds=10), gang_status(phase="Running", start_ago=60)),
+    ("startup timeout", make_job(), gang_status(created_ago=601)),
+])
+def test_a_job_that_gives_up_releases_only_our_pods(reason, job, status):
+    pods = [pod(0), pod(1, "Pending")] + foreign_pods()
+    plan = decide(job, status, pods, NOW)
+    assert plan.status.phase == "Failed" and uids(plan.delete) == {"uid-0-0", "uid-0-1"}, reason
+
+
+def test_an_invalid_spec_releases_only_our_pods():
+    pods = [pod(0), pod(1)] + foreign_pods()
+    plan = decide_invalid(gang_status(phase="Running"), "invalid spec: x", pods, NOW, uid=UID)
+    assert uids(plan.delete) == {"uid-0-0", "uid-0-1"}
+    assert decide_invalid(JobStatus(), "invalid spec: x", pods, NOW, uid=None).delete == ()
+
+
+def test_a_foreign_pod_stuck_terminating_is_not_force_deleted():
+    stuck = NOW - dt.timedelta(seconds=3600)
+    pods = [pod(0, deletion_at=stuck)] + foreign_pods(deletion_at=stuck)
+    plan = decide(make_job(), gang_status(phase="Running"), pods, NOW)
+    assert uids(plan.force_delete) == {"uid-0-0"}
+
+
+# --- the spec changed under a running attempt (issue 11, item 1) --------------------------------------
+def created(job, pods=(), now=NOW):
+    """The status right after the gang of ``job`` was created ``now``."""
+    return decide(job, JobStatus(), list(pods), now).status
+
+
+def test_growing_nnodes_does_not_add_a_pod_to_the_running_gang():
+    status = decide(make_job(2), created(make_job(2), now=ago(30)), [pod(0), pod(1)], NOW).status
+    assert status.phase == "Running"
+    plan = decide(make_job(3), status, [pod(0), pod(1)], NOW)
+    assert plan.create_ranks == () and plan.delete == ()
+    s = plan.status
+    assert (s.phase, s.nnodes, s.ready) == ("Running", 2, "2/2")
+    assert "the change applies to the next attempt" in s.message
+
+
+def test_shrinking_nnodes_does_not_delete_a_pod_of_the_running_gang():
+    pods = [pod(0), pod(1), pod(2)]
+    status = decide(make_job(3), created(make_job(3), now=ago(30)), pods, NOW).status
+    plan = decide(make_job(2), status, pods, NOW)
+    assert plan.delete == () and plan.create_ranks == ()
+    assert (plan.status.phase, plan.status.nnodes, plan.status.ready) == ("Running", 3, "3/3")
+
+
+def test_a_changed_image_does_not_touch_the_running_gang_and_the_next_attempt_uses_it():
+    status = decide(make_job(2), created(make_job(2), now=ago(30)), [pod(0), pod(1)], NOW).status
+    plan = decide(make_job(2, image="new"), status, [pod(0), pod(1)], NOW)
+    assert plan.delete == () and plan.create_ranks == () and plan.status.phase == "Running"
+    # After a failure, the next attempt is created from the spec as it is now.
+    restarting = decide(make_job(3, image="new"), plan.status, [pod(0), failed(1, 1)], NOW).status
+    assert restarting.phase == "Restarting" and restarting.nnodes == 2
+    nxt = decide(make_job(3, image="new"), restarting, [], NOW)
+    assert nxt.create_ranks == (0, 1, 2) and nxt.status.nnodes == 3
+    assert nxt.status.podSpecHash == spec.pod_spec_hash(make_job(3, image="new").spec)
+
+
+def test_fields_that_steer_only_the_operator_are_not_a_shape_change():
+    base = make_job(2)
+    status = decide(base, created(base, now=ago(30)), [pod(0), pod(1)], NOW).status
+    edited = make_job(2, activeDeadlineSeconds=9999, ttlSecondsAfterFinished=5, cleanPodPolicy="All",
+                      failurePolicy=spec.FailurePolicy(maxRestarts=9))
+    assert spec.pod_spec_hash(edited.spec) == spec.pod_spec_hash(base.spec)
+    assert "next attempt" not in decide(edited, status, [pod(0), pod(1)], NOW).status.message
+
+
+def test_a_changed_spec_while_ranks_are_still_to_be_created_starts_the_next_attempt_in_the_new_shape():
+    # Node 1 was refused (say by a quota) and is still to be created: building it from the new
+    # spec would mix two shapes in one gang. The gang restarts in the new shape, unbudgeted.
+    status = created(make_job(2), now=ago(30))
+    plan = decide(make_job(3), status, [pod(0)], NOW)
+    s = plan.status
+    assert (s.phase, s.reason, s.restarts, s.restartAttempt) == ("Restarting", "SpecChanged", 0, 1)
+    assert uids(plan.delete) == {"uid-0-0"} and plan.create_ranks == ()
+    assert reasons(plan) == ["SpecChanged"]
+    nxt = decide(make_job(3), s, [], NOW)
+    assert nxt.create_ranks == (0, 1, 2) and nxt.attempt == 1
+
+
+def test_a_status_from_an_older_operator_without_a_hash_is_left_as_it_was():
+    status = dataclasses.replace(created(make_job(2), now=ago(30)), podSpecHash="")
+    plan = decide(make_job(2), status, [pod(0), pod(1)], NOW)
+    assert plan.status.phase == "Running" and plan.status.nnodes == 2
 
 
 def test_pods_of_a_later_attempt_are_adopted_after_a_lost_status_write():
@@ -393,3 +539,65 @@ def test_view_pod_reads_the_scheduler_verdict():
            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                                           "message": "0/1 nodes are available"}]}}
     assert view_pod(obj).unschedulable == "Unschedulable: 0/1 nodes are available"
+
+
+# --- status text (issue 11, item 4) -------------------------------------------------------------
+SCHEDULER_VERDICT = ("Unschedulable: 0/64 nodes are available: 64 Insufficient nvidia.com/gpu. preemption: "
+                     "0/64 nodes are available: 64 No preemption victims found for incoming pod, " * 3)
+
+
+def test_a_long_waiting_message_keeps_its_beginning_and_groups_the_same_verdict():
+    nnodes = 64
+    pods = [pod(r, "Pending", unschedulable=SCHEDULER_VERDICT) for r in range(nnodes)]
+    s = decide(make_job(nnodes), gang_status(nnodes=nnodes), pods, NOW).status
+    assert len(s.message) <= 1024
+    assert s.message.startswith("0/64 node(s) started; waiting for 64 pod(s) train-node-0, train-node-1,")
+    assert "and 59 more Pending (Unschedulable: 0/64 nodes are available" in s.message
+    assert len(s.message) < 450  # one clause for the 64 pods, not 64 copies of the verdict
+    assert all(len(n.message) <= 256 and n.message.startswith("0/64 nodes") for n in s.nodes)
+
+
+def test_a_startup_timeout_message_keeps_its_count():
+    pods = [pod(r, "Pending", unschedulable=SCHEDULER_VERDICT, waiting_reason=str(r)) for r in range(64)]
+    s = decide(make_job(64), gang_status(created_ago=601, nnodes=64), pods, NOW).status
+    assert s.reason == "StartupTimeout" and len(s.message) <= 1024
+    assert s.message.startswith("64 of 64 node(s) not running after startupTimeoutSeconds (600s): ")
+
+
+def test_a_long_termination_message_keeps_its_last_lines():
+    traceback = "Traceback (most recent call last):\n" + "  File x, line 1\n" * 400 + "ValueError: the cause"
+    s = decide(make_job(), gang_status(phase="Running"), [pod(0), failed(1, 1, terminated_message=traceback)],
+               NOW).status
+    assert s.failedNode.message.endswith("ValueError: the cause") and len(s.failedNode.message) <= 2048
+    assert s.failedNode.message.startswith("...  File x")  # cut at a line
+    node = s.nodes[1]
+    assert node.message.endswith("ValueError: the cause") and len(node.message) <= 256
+
+
+@pytest.mark.parametrize("message, says_saved", [
+    ("", False),
+    ("Terminated", False),
+    ("ddptrain-pod: node 1: exit 143: stopped by signal 15 at step=40/90; checkpoint /ckpt/step-40.pt saved", True),
+])
+def test_exit_143_says_checkpoint_saved_only_when_the_container_said_so(message, says_saved):
+    pods = [pod(0), failed(1, 143, reason="Error", terminated_message=message)]
+    s = decide(make_job(), gang_status(phase="Running"), pods, NOW).status
+    assert "exited with code 143 (" in s.message and "SIGTERM" in s.message
+    assert ("checkpoint saved" in s.message) == says_saved, s.message
+
+
+def test_pods_refused_by_the_api_server_are_named_with_the_reason():
+    quota = ('pods "train-node-1" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=1, '
+             'limited: pods=1')
+    plan = decide(make_job(), gang_status(), [pod(0)], NOW, creation_errors={1: quota})
+    assert plan.create_ranks == (1,)  # tried again
+    assert "train-node-1 not created (pods \"train-node-1\" is forbidden: exceeded quota: compute" in plan.status.message
+    timed_out = decide(make_job(), gang_status(created_ago=601), [pod(0)], NOW, creation_errors={1: quota}).status
+    assert timed_out.reason == "StartupTimeout" and "exceeded quota: compute" in timed_out.message
+
+
+def test_the_shape_fingerprint_ignores_fields_left_at_their_defaults():
+    # A field added later with a default must not make running jobs look reshaped.
+    assert spec.pod_spec_hash(make_job(2).spec) == spec.pod_spec_hash(make_job(2, shmSize="2Gi").spec)
+    assert spec.pod_spec_hash(make_job(2).spec) != spec.pod_spec_hash(make_job(2, shmSize="4Gi").spec)
+    assert spec.pod_spec_hash(make_job(2).spec) != spec.pod_spec_hash(make_job(3).spec)

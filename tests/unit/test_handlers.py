@@ -157,6 +157,22 @@ def test_a_transient_error_reaches_the_status_and_an_event_then_backs_off():
     assert kube.status["reason"] != "ReconcileError" and memory.consecutive_errors == 0
 
 
+def test_pods_refused_by_a_quota_are_retried_often_and_named_in_the_status():
+    kube, memory, events = FakeKube(), JobMemory(), []
+    quota = 'pods "train-node-1" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=1, limited: pods=1'
+    kube.create_error = ApiError(403, "Forbidden", quota, "create pod train-node-1")
+    delays = [run_pass(body(), [], memory, kube, events, now=NOW + dt.timedelta(seconds=i)) for i in range(10)]
+    assert delays[:3] == [1.0, 2.0, 4.0] and max(delays) == SETTINGS.creation_retry_max_seconds
+    assert kube.kinds().count("create_pods") == 10  # asked again every pass
+    assert memory.refused == {0: {0: quota, 1: quota}}
+    # Between the retries the status says which pods wait for what.
+    plan_status = [entry for entry in kube.log if entry[0] == "patch_status"]
+    assert ("patch_status", "Pending", "NodesPending") in plan_status
+    kube.create_error = None
+    run_pass(body(), [], memory, kube, events, now=NOW + dt.timedelta(seconds=11))
+    assert memory.refused == {0: {}} and memory.created == {0: {0, 1}}
+
+
 def test_an_unreachable_api_server_does_not_crash_the_pass():
     kube, memory, events = FakeKube(), JobMemory(), []
     kube.status_error = ApiError(0, "MaxRetryError", "connection refused", "patch status of train")

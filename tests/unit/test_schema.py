@@ -168,14 +168,14 @@ def test_every_problem_is_reported_at_once():
     assert "spec.nnodes: must be >= 1, got 0" in str(caught.value)
 
 
-def test_rules_run_only_when_the_fields_are_valid():
-    # The env rule would fire, but a type error elsewhere comes first (as in the API server).
+def test_rules_run_next_to_field_errors():
+    # One run names every problem: a type error elsewhere does not hide a rule's verdict.
     problems = schema.validate_ddpjob(with_changes({"spec.nnodes": "x",
                                                     "spec.env": [{"name": "RANK", "value": "0"}]}))
-    assert [p.path for p in problems] == ["spec.nnodes"]
+    assert [p.path for p in problems] == ["spec.nnodes", "spec.env[0].name"]
     problems = schema.validate_ddpjob(with_changes({"spec.env": [{"name": "RANK", "value": "0"}],
-                                                    "metadata.name": "Bad"}))
-    assert [p.path for p in problems] == ["spec.env", "metadata.name"]
+                                                    "metadata.name": "Bad", "spec.nnodes": 0}))
+    assert [p.path for p in problems] == ["spec.nnodes", "spec.env[0].name", "metadata.name"]
 
 
 def test_problem_text():

@@ -7,7 +7,7 @@ import pytest
 
 from ddpjob.api.status import CONDITION_TYPES, FailedNode, JobStatus, NodeState
 from ddpjob.controller.status import (
-    format_time, parse_time, set_condition, terminal_reason, truncate, with_phase,
+    format_time, parse_time, set_condition, shorten, terminal_reason, truncate, with_phase,
 )
 
 pytestmark = pytest.mark.unit
@@ -17,7 +17,7 @@ T1 = T0 + dt.timedelta(minutes=5)
 
 # Exactly the fields docs/DESIGN-NOTES.md declares (the CRD declares them too).
 DESIGN_FIELDS = {"phase", "reason", "message", "ready", "readyNodes", "nnodes", "restarts", "restartAttempt",
-                 "startTime", "completionTime", "observedGeneration", "failedNode", "nodes", "conditions"}
+                 "podSpecHash", "startTime", "completionTime", "observedGeneration", "failedNode", "nodes", "conditions"}
 
 
 def test_ready_is_ready_nodes_over_nodes():
@@ -90,3 +90,14 @@ def test_times_are_rfc3339_utc():
 def test_truncate_keeps_the_end():
     assert truncate("x" * 10 + "the cause", 12) == "...the cause"
     assert truncate(" short ", 12) == "short"
+
+
+def test_shorten_keeps_the_beginning():
+    assert shorten("2/64 node(s) started; " + "x" * 100, 30) == "2/64 node(s) started; xxxxx..."
+    assert shorten(" short ", 12) == "short"
+
+
+def test_a_status_message_is_cut_at_its_end():
+    status = with_phase(JobStatus(), "Pending", "NodesPending", "0/64 node(s) started; " + "y" * 5000, T0)
+    assert len(status.message) == 1024 and status.message.startswith("0/64 node(s) started; ")
+    assert status.condition("Running").message == "" or status.condition("Running").message.startswith("0/64")

@@ -15,7 +15,8 @@ from ddpjob.api import loader
 from ddpjob.cli import validate as cli_validate
 from ddpjob.api import schema
 from tests.support.manifests import (NOT_SENDABLE, REJECTS, REJECTS_WHEN_STRICT, bad_manifest_table,
-                                   good_manifest_table, minimal_manifest)
+                                   good_manifest_table, minimal_manifest, several_problems_case,
+                                   update_table, with_changes)
 
 pytestmark = pytest.mark.unit
 
@@ -171,7 +172,7 @@ def test_cli_one_line_per_problem(tmp_path, capsys):
 def test_cli_rule_problem(tmp_path, capsys):
     f = _write(tmp_path, "job.yaml", VALID + "  env: [{name: RANK, value: '0'}]\n")
     code, _, err = _run(capsys, "-f", f)
-    assert code == 2 and err.startswith(f"{f}: DDPJob/mnist: spec.env: env may not set the names")
+    assert code == 2 and err.startswith(f"{f}: DDPJob/mnist: spec.env[0].name: env may not set the names")
 
 
 def test_cli_skips_other_kinds_with_a_note(tmp_path, capsys):
@@ -306,3 +307,56 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert "too large" in done.stderr and "at most 3145728 bytes" in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Every problem at once; edits of a stored job (the cluster suite sends the same cases)
+# ---------------------------------------------------------------------------------------------
+def test_every_problem_is_reported_in_one_go_field_errors_and_rules_alike():
+    manifest, expected = several_problems_case()
+    problems = schema.validate_ddpjob(manifest)
+    assert sorted(p.path for p in problems) == sorted(expected), problems
+    for problem in problems:
+        assert expected[problem.path] in problem.message, problem
+
+
+def test_a_rule_with_malformed_input_is_skipped_not_guessed():
+    problems = schema.validate_ddpjob(with_changes({"spec.env": [{"value": "x"}, {"name": "RANK"}],
+                                                    "metadata.name": 7}))
+    assert [p.path for p in problems] == ["metadata.name", "spec.env[0].name", "spec.env[1].name"]
+
+
+@pytest.mark.parametrize("case", update_table(), ids=lambda c: c.id)
+def test_an_edit_is_judged_against_the_stored_job(case):
+    assert schema.validate_ddpjob(case.old) == []
+    problems = schema.validate_ddpjob(case.new, case.old)
+    assert [p.path for p in problems] == ([case.path] if case.path else []), problems
+    assert all(case.message in p.message for p in problems)
+    # Without the stored object, the same manifest is a valid create.
+    assert schema.validate_ddpjob(case.new) == []
+
+
+def test_the_update_table_covers_every_pod_shaping_field_rule_it_needs():
+    refused = [c for c in update_table() if c.path]
+    allowed = [c for c in update_table() if not c.path]
+    assert len(refused) >= 6 and len(allowed) >= 6
+    assert {c.old.get("status", {}).get("phase") for c in refused} == {"Pending", "Running", "Restarting"}
+
+
+def test_cli_against_the_stored_job(tmp_path, capsys):
+    stored = with_changes({"metadata.namespace": "team", "status": {"phase": "Running"}})
+    edited = with_changes({"spec.nnodes": 3, "spec.failurePolicy": {"maxRestarts": 9}})
+    live = tmp_path / "live.yaml"
+    live.write_text(yaml.safe_dump(stored))
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(edited))
+    code, out, err = _run(capsys, "-f", str(f), "--against", str(live))
+    assert code == 2 and out == ""
+    assert err.splitlines() == [f"{f}: DDPJob/mnist: spec.nnodes: cannot change while the job "
+                                "runs (status.phase Pending, Running or Restarting): suspend the job "
+                                "(spec.suspend: true, possibly in the same edit) or wait until it has finished"]
+    # The same file alone is a valid new job; against a suspended one, a valid edit.
+    assert _run(capsys, "-f", str(f))[0] == 0
+    stored["status"]["phase"] = "Suspended"
+    live.write_text(yaml.safe_dump(stored))
+    assert _run(capsys, "-f", str(f), "--against", str(live))[0] == 0

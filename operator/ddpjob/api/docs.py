@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from ddpjob.api import spec
 from ddpjob.api import names
 from ddpjob.api import schema
 from ddpjob.api.crd import object_schema, printer_columns
@@ -43,15 +44,21 @@ def api_markdown() -> str:
         "## metadata",
         "",
     ]
-    out += [f"- {r['message']} (`{r['rule']}`)" for r in root["x-kubernetes-validations"]]
+    transition = {r.cel for r in spec.TRANSITION_RULES}
+    out += [f"- {r['message']} (`{r['rule']}`)" for r in root["x-kubernetes-validations"]
+            if r["rule"] not in transition]
+    out += ["", *_editing_section()]
     out.append("")
     for path, node in _object_nodes("spec", root["properties"]["spec"]):
         out += [f"## {path}", "", node.get("description", ""), ""]
         out += _field_table(node)
-        if node.get("x-kubernetes-validations"):
+        rules = [(path, r) for r in node.get("x-kubernetes-validations", ())]
+        for name, prop in node.get("properties", {}).items():  # rules on each item of a list
+            rules += [(f"{path}.{name}[*]", r) for r in prop.get("items", {}).get("x-kubernetes-validations", ())]
+        if rules:
             out += ["", "Rules:", ""]
-            for rule in node["x-kubernetes-validations"]:
-                out += [f"- `{path}{rule.get('fieldPath', '')}`: {rule['message']}",
+            for where, rule in rules:
+                out += [f"- `{where}{rule.get('fieldPath', '')}`: {rule['message']}",
                         f"  (CEL: `{rule['rule']}`)"]
         out.append("")
     out += ["## status", "", root["properties"]["status"]["description"], "",
@@ -137,6 +144,9 @@ def _allowed(node: dict) -> str:
         facts.append(f"at most {node['maxItems']} items")
     if node.get("x-kubernetes-list-type") == "set":
         facts.append("no duplicates")
+    if node.get("x-kubernetes-list-type") == "map":
+        facts.append("each " + " and ".join(f"`{k}`" for k in node.get("x-kubernetes-list-map-keys", ()))
+                     + " at most once")
     values = node.get("additionalProperties")
     if isinstance(values, dict) and (inner := _allowed(values)):
         facts.append("each value: " + inner)
@@ -150,3 +160,34 @@ def _allowed(node: dict) -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _editing_section() -> list[str]:
+    """What a user may change in a stored DDPJob, and when (the transition rules, in words)."""
+    shaping = ", ".join(f"`{r.field_path.lstrip('.').split('.', 1)[1]}`" for r in spec.TRANSITION_RULES)
+    steering = ", ".join(f"`{name}`" for name in spec.MUTABLE_WHILE_ACTIVE)
+    example = spec.TRANSITION_RULES[0]
+    return [
+        "## Editing a stored DDPJob",
+        "",
+        "Every pod of a gang is built from the same spec: one WORLD_SIZE, one image, one command. "
+        f"While an attempt is active (`status.phase` {', '.join(spec.ACTIVE_PHASES)}) the API "
+        f"server refuses a change to the fields the pods are built from ({shaping}), naming the "
+        "field and saying why (`spec.nnodes: ... " + example.message + "`). "
+        "They may change while the job is `Suspended` (Kueue sets `template.spec.nodeSelector` "
+        "and `tolerations` of a suspended job), in the same edit that sets `suspend: true`, "
+        "once the job has finished, and before the operator has written a status. "
+        f"These steer the operator and no pod, and may change at any time: {steering}.",
+        "",
+        "The operator never changes a running attempt's pods from a changed spec, whatever let "
+        "the change in (an older CRD, a bypass): it records the shape each attempt was built "
+        "from (`status.nnodes`, `status.podSpecHash`), keeps watching that gang as it was "
+        "created, and builds the next attempt (after a restart, or a suspend and resume) from "
+        "the spec as it is then; the status message says a change is pending. Only if the "
+        "attempt still lacks pods (their creation was refused, say by a quota) does it start "
+        "the next attempt in the new shape at once (reason `SpecChanged`, no restart counted), "
+        "rather than mix two shapes in one gang. `ddpjob validate -f FILE --against LIVE.yaml` (with "
+        "`kubectl get ddpjob NAME -o yaml > LIVE.yaml`) checks an edit as the API server will. "
+        "Each rule is at the root of the schema, with `oldSelf` (CEL: "
+        f"`{example.cel}`).",
+    ]

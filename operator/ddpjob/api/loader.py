@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional, TextIO
+from typing import Any, Mapping, Optional, TextIO
 
 import yaml
 
@@ -152,8 +152,12 @@ def is_meant_as_ddpjob(obj: Any) -> bool:
             or (isinstance(api_version, str) and api_version.startswith(names.API_GROUP + "/")))
 
 
-def problems_by_document(documents: list[Document]) -> tuple[list[Document], list[tuple[Document, list[str]]]]:
-    """(documents skipped as other kinds, [(each DDPJob document, its problem lines)])."""
+def problems_by_document(documents: list[Document], stored: Optional[Mapping[tuple, Any]] = None,
+                         ) -> tuple[list[Document], list[tuple[Document, list[str]]]]:
+    """(documents skipped as other kinds, [(each DDPJob document, its problem lines)]).
+
+    ``stored``: DDPJobs as the API server holds them, by (namespace, name) (see
+    ``stored_by_name``); a document naming one of them is checked as an update of it."""
     skipped, checked = [], []
     for doc in documents:
         if not is_meant_as_ddpjob(doc.obj):
@@ -162,8 +166,28 @@ def problems_by_document(documents: list[Document]) -> tuple[list[Document], lis
             checked.append((doc, [f"not a Kubernetes object (a mapping with apiVersion and kind), "
                                   f"got {schema.describe_value(doc.obj)}"]))
         else:
-            checked.append((doc, [str(p) for p in schema.validate_ddpjob(doc.obj)]))
+            old = _stored_for(doc.obj, stored or {})
+            checked.append((doc, [str(p) for p in schema.validate_ddpjob(doc.obj, old)]))
     return skipped, checked
+
+
+def _meta(obj: Any) -> dict:
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _stored_for(obj: Any, stored: Mapping[tuple, Any]) -> Any:
+    """The stored DDPJob of the same name (and namespace, when the manifest names one)."""
+    name, namespace = _meta(obj).get("name"), _meta(obj).get("namespace")
+    same = [old for (ns, n), old in stored.items() if n == name and namespace in (None, ns)]
+    return same[0] if len(same) == 1 else None
+
+
+def stored_by_name(documents: list[Document]) -> dict[tuple, Any]:
+    """The DDPJobs of a file such as ``kubectl get ddpjob NAME -o yaml`` writes (a kind List is
+    expanded by ``read_documents``), by (namespace, name)."""
+    return {(_meta(doc.obj).get("namespace"), _meta(doc.obj).get("name")): doc.obj for doc in documents
+            if isinstance(doc.obj, dict) and doc.obj.get("kind") == names.KIND}
 
 
 def load_ddpjobs(filename: str, *, default_namespace: str = "default",

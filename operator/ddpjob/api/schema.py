@@ -44,7 +44,7 @@ _SCALAR_TYPES = {int: "integer", str: "string", bool: "boolean", float: "number"
 _VALUE_KEYWORDS = {"minimum": "minimum", "maximum": "maximum", "pattern": "pattern",
                    "min_length": "minLength", "max_length": "maxLength"}
 _LIST_KEYWORDS = {"min_items": "minItems", "max_items": "maxItems"}
-_FIELD_KEYS = {"description", "required", "enum", "unique_items", "openapi", "format", "status",
+_FIELD_KEYS = {"description", "required", "enum", "unique_items", "list_map_keys", "openapi", "format", "status",
                *_VALUE_KEYWORDS, *_LIST_KEYWORDS}
 
 
@@ -90,8 +90,8 @@ def rule_schema(rule: spec.Rule) -> dict:
 
 def all_rules() -> list[spec.Rule]:
     """Every cross-field rule: those of each dataclass under ``DDPJobSpec``, then the object's."""
-    return [r for cls in _dataclasses_under(spec.DDPJobSpec) for r in getattr(cls, "__rules__", ())] + list(
-        spec.OBJECT_RULES)
+    return ([r for cls in _dataclasses_under(spec.DDPJobSpec) for r in getattr(cls, "__rules__", ())]
+            + list(spec.ENV_VAR_RULES) + list(spec.OBJECT_RULES))
 
 
 def _dataclasses_under(cls: type) -> Iterator[type]:
@@ -137,6 +137,9 @@ def _field_schema(f: dataclasses.Field, hint: Any) -> dict:
         body.update({api: meta[key] for key, api in _LIST_KEYWORDS.items() if key in meta})
         if meta.get("unique_items"):
             body["x-kubernetes-list-type"] = "set"
+        if meta.get("list_map_keys"):  # entries keyed by these fields: the API server refuses duplicates
+            body["x-kubernetes-list-type"] = "map"
+            body["x-kubernetes-list-map-keys"] = list(meta["list_map_keys"])
     else:
         body = copy.deepcopy(meta["openapi"]) if "openapi" in meta else _value_schema(inner, meta)
     # Status fields carry no default: only the operator writes them.
@@ -332,6 +335,19 @@ class _SchemaWalker:
                     self.problem(f"{path}[{i}]", f"duplicate value {json.dumps(item)}: "
                                  "each value may appear once")
                 seen.append(item)
+        if schema.get("x-kubernetes-list-type") == "map":
+            keys = schema.get("x-kubernetes-list-map-keys", ())
+            first: dict[tuple, int] = {}
+            for i, item in enumerate(value):
+                if not isinstance(item, AbcMapping) or not all(isinstance(item.get(k), str) for k in keys):
+                    continue  # a missing or mistyped key is reported where it is
+                key = tuple(item[k] for k in keys)
+                if key in first:
+                    shown = ", ".join(f"{k} {json.dumps(v)}" for k, v in zip(keys, key))
+                    self.problem(f"{path}[{i}]", f"duplicate entry: {shown} is also {path.rsplit('.', 1)[-1]}"
+                                 f"[{first[key]}]; each may appear once")
+                else:
+                    first[key] = i
         return out
 
     def _check_scalar(self, schema: Mapping[str, Any], value: Any, path: str) -> None:
@@ -371,12 +387,22 @@ def _rules_by_cel() -> dict[str, spec.Rule]:
     return {rule.cel: rule for rule in all_rules()}
 
 
-def _run_rules(sites: list[tuple[str, list[str], dict]], rules: Mapping[str, spec.Rule]) -> list[Problem]:
+def _run_rules(sites: list[tuple[str, list[str], dict]], rules: Mapping[str, spec.Rule],
+               old: Optional[Mapping[str, Any]] = None) -> list[Problem]:
+    """The problems the rules at ``sites`` find. Transition rules run only with ``old`` (the
+    stored object an update replaces). A rule whose input is malformed (a field error already
+    reported) is skipped rather than guessed at."""
     problems = []
     for path, cels, value in sites:
         for cel in cels:
             rule = rules[cel]
-            if not rule.check(value):
+            if rule.transition and old is None:
+                continue
+            try:
+                valid = rule.check(value, old) if rule.transition else rule.check(value)
+            except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+                continue
+            if not valid:
                 problems.append(Problem(_join_path(path, rule.field_path), rule.message))
     return problems
 
@@ -391,8 +417,11 @@ def _join_path(base: str, relative: Optional[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 # The whole object
 # ---------------------------------------------------------------------------------------------
-def defaulted_manifest(obj: Any) -> tuple[dict, list[Problem]]:
+def defaulted_manifest(obj: Any, old: Any = None) -> tuple[dict, list[Problem]]:
     """Check ``obj`` and return (a defaulted plain copy of it, every problem found).
+
+    ``old``: the stored object, when ``obj`` is meant to replace it (an update): the transition
+    rules (what may not change while the job runs) are checked against it too.
 
     ``metadata`` is ObjectMeta: its field names, the types of ``name``, ``namespace``, ``labels``
     and ``annotations``, and the syntax of label and annotation keys and label values are
@@ -426,13 +455,24 @@ def defaulted_manifest(obj: Any) -> tuple[dict, list[Problem]]:
         spec_out = walker.walk(_spec_schema(), spec_value, "spec")
     problems += walker.problems
     out = {"apiVersion": obj.get("apiVersion"), "kind": kind, "metadata": metadata, "spec": spec_out}
-    # Cross-field rules assume well-typed, defaulted input: run them only on an otherwise valid
-    # object (the API server, too, reports schema errors before it gets to CEL).
-    if not problems:
-        rules = _rules_by_cel()
-        problems += _run_rules(walker.rule_sites, rules)
-        problems += _run_rules([("", [r.cel for r in spec.OBJECT_RULES], out)], rules)
+    # Every rule runs, next to the field errors, so one run reports every problem; a rule whose
+    # own input is malformed is skipped (its field error says why).
+    rules = _rules_by_cel()
+    problems += _run_rules(walker.rule_sites, rules)
+    problems += _run_rules([("", [r.cel for r in spec.OBJECT_RULES], out)], rules, _stored_object(old))
     return out, problems
+
+
+def _stored_object(old: Any) -> Optional[dict]:
+    """The stored object an update replaces, defaulted as the API server holds it (with its
+    status); None when there is none or it is not a DDPJob mapping."""
+    if not isinstance(old, AbcMapping) or not isinstance(old.get("spec"), AbcMapping):
+        return None
+    walker = _SchemaWalker()
+    stored = {"metadata": dict(old.get("metadata") or {}),
+              "spec": walker.walk(_spec_schema(), old["spec"], "spec"),
+              "status": dict(old.get("status") or {})}
+    return stored
 
 
 def _check_metadata(metadata: Any, problems: list[Problem]) -> dict:
@@ -532,9 +572,10 @@ def _status_problems(status: Any) -> list[Problem]:
     return [p for p in walker.problems if p.message == "unknown field"]
 
 
-def validate_ddpjob(obj: Any) -> list[Problem]:
-    """Every problem with a DDPJob manifest (an empty list when it is valid)."""
-    return defaulted_manifest(obj)[1]
+def validate_ddpjob(obj: Any, old: Any = None) -> list[Problem]:
+    """Every problem with a DDPJob manifest (an empty list when it is valid); with ``old`` (the
+    stored object), every problem with it as an update of that object."""
+    return defaulted_manifest(obj, old)[1]
 
 
 def parse_ddpjob(obj: Any, *, default_namespace: str = "default") -> spec.DDPJob:

@@ -12,6 +12,9 @@ attribute path here.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -57,8 +60,11 @@ class Rule:
 
     cel: str
     message: str
-    check: Callable[[Mapping[str, Any]], bool]
+    check: Callable[..., bool]
     field_path: Optional[str] = None
+    #: A transition rule (CEL reads ``oldSelf``): checked on updates only, and ``check`` gets
+    #: ``(new, old)``, both defaulted plain dicts.
+    transition: bool = False
 
 
 # Raw Kubernetes fragments copied into the pod unchanged. They keep unknown fields inside
@@ -66,9 +72,26 @@ class Rule:
 # stays structural.
 _OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 _QUANTITY = {"x-kubernetes-int-or-string": True, "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$", "anyOf": [{"type": "integer"}, {"type": "string"}]}
+# Reserved env names not already covered by the reserved prefix (the rule checks both).
+_RESERVED_UNPREFIXED = tuple(sorted(
+    n for n in contract.RESERVED_ENV_NAMES if not n.startswith(contract.RESERVED_ENV_PREFIX)))
+# On each env entry, so that a refusal names the entry (spec.env[1].name).
+ENV_VAR_RULES = (
+    Rule(
+        cel="!self.name.startsWith('" + contract.RESERVED_ENV_PREFIX + "') && !(self.name in "
+        + "[" + ", ".join(f"'{n}'" for n in _RESERVED_UNPREFIXED) + "])",
+        message="env may not set the names the operator sets: " + contract.RESERVED_ENV_PREFIX + "*, "
+        + ", ".join(_RESERVED_UNPREFIXED),
+        check=lambda e: not e["name"].startswith(contract.RESERVED_ENV_PREFIX)
+        and e["name"] not in contract.RESERVED_ENV_NAMES,
+        field_path=".name",
+    ),
+)
 ENV_VAR_SCHEMA = {
     "type": "object",
     "required": ["name"],
+    "x-kubernetes-validations": [{"rule": r.cel, "message": r.message, "fieldPath": r.field_path}
+                                 for r in ENV_VAR_RULES],
     "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"},
         "value": {"type": "string"},
@@ -182,11 +205,6 @@ class PodTemplate:
     spec: PodTemplateSpec = spec_field("Pod-level settings.", default_factory=PodTemplateSpec)
 
 
-# Reserved env names not already covered by the reserved prefix (the rule checks both).
-_RESERVED_UNPREFIXED = tuple(sorted(
-    n for n in contract.RESERVED_ENV_NAMES if not n.startswith(contract.RESERVED_ENV_PREFIX)))
-
-
 @dataclass(frozen=True)
 class DDPJobSpec:
     nnodes: int = spec_field("Number of nodes: one pod each.", minimum=1, maximum=MAX_NNODES)
@@ -207,7 +225,8 @@ class DDPJobSpec:
         default=())
     env: tuple[Mapping[str, Any], ...] = spec_field(
         "Extra environment variables (core/v1 EnvVar). Names the operator sets (MASTER_ADDR, "
-        "RANK, PET_*, ...) are refused.", default=(), openapi=ENV_VAR_SCHEMA, max_items=256)
+        "RANK, PET_*, ...) are refused, and so is a name given twice.", default=(),
+        openapi=ENV_VAR_SCHEMA, max_items=256, list_map_keys=("name",))
     resources: Mapping[str, Any] = spec_field(
         "Container resources (requests/limits). For device gpu, nvidia.com/gpu defaults to "
         "nprocPerNode and, if given, must equal it.", default_factory=dict, openapi=RESOURCES_SCHEMA)
@@ -265,18 +284,6 @@ class DDPJobSpec:
             field_path=".resources.requests",
         ),
         Rule(
-            cel="self.env.all(e, !e.name.startsWith('" + contract.RESERVED_ENV_PREFIX + "') && !(e.name in "
-            + "[" + ", ".join(f"'{n}'" for n in _RESERVED_UNPREFIXED) + "]))",
-            message="env may not set the names the operator sets: " + contract.RESERVED_ENV_PREFIX + "*, "
-            + ", ".join(_RESERVED_UNPREFIXED),
-            check=lambda s: all(
-                not e["name"].startswith(contract.RESERVED_ENV_PREFIX)
-                and e["name"] not in contract.RESERVED_ENV_NAMES
-                for e in s["env"]
-            ),
-            field_path=".env",
-        ),
-        Rule(
             cel="self.volumeMounts.all(m, self.template.spec.volumes.exists(v, v.name == m.name))",
             message="every volumeMounts[].name must name a volume in template.spec.volumes",
             check=lambda s: all(
@@ -303,7 +310,7 @@ def _gpu_count_matches(spec: Mapping[str, Any], kind: str) -> bool:
 
 # Rules on the whole object (self = the DDPJob): names must leave room for child names.
 DNS_1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-OBJECT_RULES = (
+NAME_RULES = (
     Rule(
         cel=f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
         message=f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters so that pod names "
@@ -319,6 +326,86 @@ OBJECT_RULES = (
         field_path=".metadata.name",
     ),
 )
+
+# --- Spec changes while an attempt runs ------------------------------------------------------
+# A running gang is one shape: every pod got the same WORLD_SIZE, image, command and template.
+# A change to any of these while an attempt is active (status.phase Pending, Running or
+# Restarting) is refused by the API server; it is allowed while the job is Suspended or
+# finished, or in the same request that suspends it (Kueue changes the nodeSelector and
+# tolerations of a suspended job). These fields steer the operator, never a pod, and stay
+# editable at any time:
+MUTABLE_WHILE_ACTIVE = ("suspend", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
+                        "cleanPodPolicy", "failurePolicy")
+ACTIVE_PHASES = ("Pending", "Running", "Restarting")
+_ACTIVE = ("has(oldSelf.status) && has(oldSelf.status.phase) && oldSelf.status.phase in ["
+           + ", ".join(f"'{p}'" for p in ACTIVE_PHASES) + "]")
+
+
+def is_active(obj: Mapping[str, Any]) -> bool:
+    """Whether a stored DDPJob (a plain dict) has an attempt in progress."""
+    return ((obj.get("status") or {}).get("phase") or "") in ACTIVE_PHASES
+
+
+def _unchanged_rule(name: str, always_present: bool) -> Rule:
+    same = (f"self.spec.{name} == oldSelf.spec.{name}" if always_present else
+            f"(has(self.spec.{name}) ? has(oldSelf.spec.{name}) && self.spec.{name} == oldSelf.spec.{name}"
+            f" : !has(oldSelf.spec.{name}))")
+    return Rule(
+        cel=f"!({_ACTIVE}) || self.spec.suspend || {same}",
+        message="cannot change while the job runs (status.phase Pending, Running or "
+        "Restarting): suspend the job (spec.suspend: true, possibly in the same edit) or wait "
+        "until it has finished",
+        check=lambda new, old, name=name: (not is_active(old) or new["spec"].get("suspend") is True
+                                           or new["spec"].get(name) == old["spec"].get(name)),
+        field_path=f".spec.{name}",
+        transition=True,
+    )
+
+
+def _pod_shaping_fields() -> list[tuple[str, bool]]:
+    """(field, always present after defaulting) for each DDPJobSpec field a pod is built from."""
+    out = []
+    for f in dataclasses.fields(DDPJobSpec):
+        if f.name in MUTABLE_WHILE_ACTIVE:
+            continue
+        always = (f.metadata.get("required", False) or f.default_factory is not dataclasses.MISSING
+                  or f.default not in (None, dataclasses.MISSING))
+        out.append((f.name, bool(always)))
+    return out
+
+
+# Transition rules, at the root (they read oldSelf.status): one per pod-shaping field, so a
+# refusal names the field. New fields are covered without a word here.
+TRANSITION_RULES = tuple(_unchanged_rule(name, always) for name, always in _pod_shaping_fields())
+# Every rule on the whole object (self = the DDPJob).
+OBJECT_RULES = NAME_RULES + TRANSITION_RULES
+
+
+def pod_spec_hash(job_spec: "DDPJobSpec") -> str:
+    """A fingerprint of the pod-shaping part of a spec (every field but MUTABLE_WHILE_ACTIVE).
+    The operator records it with each attempt, so it can tell a spec changed under a running
+    gang (by an older CRD, or an edit that bypassed validation) and leave that gang alone."""
+    # Fields left at their defaults are left out, so that a field added in a later release
+    # (with a default) does not make every running job's recorded shape look changed.
+    defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+                for f in dataclasses.fields(DDPJobSpec)}
+    shape = {k: v for k, v in dataclasses.asdict(job_spec).items()
+             if k not in MUTABLE_WHILE_ACTIVE and v is not None
+             and not (defaults[k] is not dataclasses.MISSING and _same(v, defaults[k]))}
+    text = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=_plain)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _same(value: Any, default: Any) -> bool:
+    if dataclasses.is_dataclass(default):
+        default = dataclasses.asdict(default)
+    return json.dumps(value, sort_keys=True, default=_plain) == json.dumps(default, sort_keys=True, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,10 @@ class JobStatus:
     restarts: int = status_field("Gang restarts done so far.", default=0)
     restartAttempt: int = status_field(
         f"Attempt of the current pods (label {names.LABEL_RESTART_ATTEMPT}).", default=0)
+    podSpecHash: str = status_field(
+        "Fingerprint of the spec the current attempt's pods were built from (every spec field "
+        "but suspend, activeDeadlineSeconds, ttlSecondsAfterFinished, cleanPodPolicy and "
+        "failurePolicy); a spec changed since applies to the next attempt.", default="")
     startTime: Optional[str] = status_field("When the job started.", format="date-time")
     completionTime: Optional[str] = status_field("When the job Succeeded or Failed.", format="date-time")
     observedGeneration: Optional[int] = status_field("The metadata.generation the status describes.")
@@ -179,6 +183,7 @@ class JobStatus:
             "nnodes": self.nnodes,
             "restarts": self.restarts,
             "restartAttempt": self.restartAttempt,
+            "podSpecHash": self.podSpecHash or None,
             "startTime": self.startTime,
             "completionTime": self.completionTime,
             "observedGeneration": self.observedGeneration,
@@ -199,6 +204,7 @@ class JobStatus:
             nnodes=int(data.get("nnodes") or 0),
             restarts=int(data.get("restarts") or 0),
             restartAttempt=int(data.get("restartAttempt") or 0),
+            podSpecHash=str(data.get("podSpecHash") or ""),
             startTime=data.get("startTime") or None,
             completionTime=data.get("completionTime") or None,
             observedGeneration=data.get("observedGeneration"),

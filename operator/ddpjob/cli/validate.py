@@ -11,26 +11,28 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Optional, TextIO
+from typing import Any, Mapping, Optional, TextIO
 
 from ddpjob.api import names
 from ddpjob.cli.common import add_filename_argument
 from ddpjob.api.loader import (ManifestError, display_name, no_ddpjob_line, problems_by_document,
-                               read_documents)
+                               read_documents, stored_by_name)
 
 EXIT_VALID = 0
 EXIT_INVALID = 2
 
 
-def validate_file(filename: str, out: TextIO, err: TextIO, stdin: Optional[TextIO] = None) -> int:
-    """Validate one file, print the results; the exit status."""
+def validate_file(filename: str, out: TextIO, err: TextIO, stdin: Optional[TextIO] = None,
+                  stored: Optional[Mapping[tuple, Any]] = None) -> int:
+    """Validate one file, print the results; the exit status. ``stored``: the DDPJobs as the
+    cluster holds them (``--against``): a DDPJob of the same name is checked as an edit of it."""
     name = display_name(filename)
     try:
         documents = read_documents(filename, stdin)
     except ManifestError as exc:
         print(f"{name}: {exc}", file=err)
         return EXIT_INVALID
-    skipped, checked = problems_by_document(documents)
+    skipped, checked = problems_by_document(documents, stored)
     for doc in skipped:
         print(f"{name}: note: skipping {doc.label()} (not a {names.KIND})", file=err)
     if not checked:
@@ -48,9 +50,16 @@ def validate_file(filename: str, out: TextIO, err: TextIO, stdin: Optional[TextI
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    stored: dict[tuple, Any] = {}
+    for filename in args.against or ():
+        try:
+            stored.update(stored_by_name(read_documents(filename)))
+        except ManifestError as exc:
+            print(f"{display_name(filename)}: {exc}", file=sys.stderr)
+            return EXIT_INVALID
     status = EXIT_VALID
     for filename in args.filename:
-        status = max(status, validate_file(filename, sys.stdout, sys.stderr))
+        status = max(status, validate_file(filename, sys.stdout, sys.stderr, stored=stored))
     return status
 
 
@@ -60,5 +69,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "validate", help="check DDPJob manifests as the API server and the operator would",
         description=__doc__.split("\n\n")[0] + " Exit 0 when valid, 2 otherwise.")
     add_filename_argument(parser)
+    parser.add_argument(
+        "--against", action="append", metavar="FILE",
+        help="the DDPJob as stored (kubectl get ddpjob NAME -o yaml): check the manifest as an "
+        "edit of it, as the API server checks an update (what may not change while it runs)")
     parser.set_defaults(handler=run_validate)
     return parser

@@ -3,6 +3,10 @@
 Pure: plain data in, a ``Plan`` out; no clock, no API, no kopf. Every path a job can take (and
 every pain point of the peers it is meant to fix) is a table row in tests/unit/test_decide.py.
 
+Throughout: only pods whose controller owner reference is this job (by uid) are ever deleted or
+counted as the job's; and an attempt keeps the shape it was created with (status.nnodes,
+status.podSpecHash): a spec changed under it applies to the next attempt.
+
 Rules, in the order they apply:
 
 1. A pod Terminating long past its deadline is force-deleted (its node is gone:
@@ -22,6 +26,7 @@ Rules, in the order they apply:
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -33,7 +38,7 @@ from ddpjob.api.status import (
     CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, NODE_MESSAGE_LIMIT, PENDING, RESTARTING, RUNNING,
     SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState,
 )
-from ddpjob.controller.status import format_time, parse_time, terminal_reason, truncate, with_phase
+from ddpjob.controller.status import format_time, parse_time, shorten, terminal_reason, truncate, with_phase
 
 # Failure reasons after which the job's pods are always released, whatever cleanPodPolicy says:
 # the job never got going, and what it holds (GPUs) is what other jobs are waiting for.
@@ -43,6 +48,7 @@ POD_FAILED = "Failed"
 POD_RUNNING = "Running"
 MISSING = "Deleted"  # the phase and reason recorded for a pod deleted from under the job
 _LISTED_PODS = 5  # pods named in a message before "and N more"
+_DETAIL_LIMIT = 300  # characters of one reason (a scheduler verdict, an API error) in a message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,6 +166,19 @@ class Plan:
     requeue_after: Optional[float] = None  # seconds until a clock (deadline, timeout, TTL) runs out
 
 
+# The trainer's termination message after SIGTERM: "...; checkpoint /ckpt/step-40.pt saved".
+_CHECKPOINT_SAVED = re.compile(r"\bcheckpoint\b[^;\n]*\bsaved\b")
+
+
+def _exit_meaning(code: int, message: str) -> str:
+    """What an exit code is known to mean: the code says SIGTERM; only the container's own
+    termination message can say a checkpoint was saved."""
+    meaning = contract.describe_exit_code(code)
+    if code == contract.ExitCode.PREEMPTED and _CHECKPOINT_SAVED.search(message or ""):
+        meaning = "preempted: SIGTERM, checkpoint saved (retryable)"
+    return meaning
+
+
 @dataclass(frozen=True)
 class _Failure:
     rank: int
@@ -173,7 +192,7 @@ class _Failure:
         return failure_policy.NodeFailure(self.rank, self.exit_code, self.reason, self.at)
 
     def describe(self) -> str:
-        what = (f"exited with code {self.exit_code} ({contract.describe_exit_code(self.exit_code)})"
+        what = (f"exited with code {self.exit_code} ({_exit_meaning(self.exit_code, self.message)})"
                 if self.exit_code is not None else f"was {self.reason.lower() or 'lost'}")
         return f"node {self.rank} (pod {self.pod}) {what}"
 
@@ -204,19 +223,26 @@ def decide(
     *,
     generation: Optional[int] = None,
     created_ranks: frozenset[int] = frozenset(),
+    creation_errors: Optional[Mapping[int, str]] = None,
     force_delete_after: float = 60.0,
 ) -> Plan:
     """The next step for ``job``.
 
     ``pods``: every pod labelled with the job's name. ``created_ranks``: ranks of the current
     attempt this operator process created but may not have observed yet (so it does not POST
-    them again while the watch catches up).
+    them again while the watch catches up). ``creation_errors``: why the API server refused
+    to create ranks of the current attempt (a ResourceQuota, say), to name in the status.
     """
-    status = replace(status, nnodes=job.spec.nnodes,
-                     observedGeneration=generation if generation is not None else status.observedGeneration)
+    status = replace(status, observedGeneration=generation if generation is not None else status.observedGeneration)
     status = _adopt_newer_attempt(job, status, pods, now)
+    if not status.nnodes or not (status.terminal or status.is_true(CREATED)):
+        # The shape of the attempt in progress (or of the finished one) is what was recorded
+        # when its pods were created; the spec's shape is the next attempt's.
+        status = replace(status, nnodes=job.spec.nnodes)
 
-    force, force_due = _stuck_terminating(pods, now, force_delete_after)
+    # Only pods whose controller owner reference is this job are ever deleted or counted; other
+    # pods that carry the job's label (a user's, or a deleted namesake's) are left alone.
+    force, force_due = _stuck_terminating(_ours(job, pods), now, force_delete_after)
     deadline_left = _deadline_left(job, status, now)
     if status.terminal:
         plan = _finished(job, status, pods, now)
@@ -228,7 +254,7 @@ def decide(
     elif not status.is_true(CREATED):
         plan = _create_gang(job, status, pods, now)
     else:
-        plan = _watch_gang(job, status, pods, now, created_ranks)
+        plan = _watch_gang(job, status, pods, now, created_ranks, creation_errors or {})
 
     if plan.status.phase not in (SUCCEEDED, FAILED, SUSPENDED):
         plan = replace(plan, requeue_after=_earliest(plan.requeue_after, _deadline_left(job, plan.status, now)))
@@ -239,7 +265,7 @@ def decide_invalid(status: JobStatus, message: str, pods: Sequence[PodView], now
                    uid: Optional[str] = None, generation: Optional[int] = None) -> Plan:
     """A spec that does not parse: Failed/InvalidSpec naming the fields; nothing is created,
     and pods of the job that still run (a spec broken mid-run) are released."""
-    release = _deletable(p for p in pods if (uid is None or p.owner_uid == uid) and not p.finished)
+    release = _deletable(p for p in pods if uid is not None and p.owner_uid == uid and not p.finished)
     if status.terminal:
         reason, text = terminal_reason(status)
         return Plan(status=replace(status, reason=reason, message=text), delete=release)
@@ -262,14 +288,20 @@ def _adopt_newer_attempt(job: spec.DDPJob, status: JobStatus, pods: Sequence[Pod
     ours = [p.attempt for p in pods if _is_ours(job, p)]
     if status.terminal or job.spec.suspend or not ours or max(ours) <= status.restartAttempt:
         return status
-    adopted = replace(status, restartAttempt=max(ours), nodes=())
+    adopted = replace(status, restartAttempt=max(ours), nodes=(), podSpecHash="")  # shape unknown
     return with_phase(adopted, status.phase or PENDING, status.reason or "PodsCreated", status.message,
                       now, created=True, created_reason="PodsCreated",
                       created_message=f"adopted the pods of attempt {max(ours)}")
 
 
 def _is_ours(job: spec.DDPJob, pod: PodView) -> bool:
-    return job.uid is None or pod.owner_uid == job.uid
+    """Whether the pod's controller owner reference is this job (by uid). ``job.uid`` is None
+    only for a job that was never stored (the unit tests' jobs made without one)."""
+    return pod.owner_uid == job.uid if job.uid is not None else True
+
+
+def _ours(job: spec.DDPJob, pods: Iterable[PodView]) -> list[PodView]:
+    return [p for p in pods if _is_ours(job, p)]
 
 
 def _stuck_terminating(pods: Sequence[PodView], now: dt.datetime,
@@ -338,6 +370,7 @@ def _suspend(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: 
         attempt = status.restartAttempt + 1 if status.is_true(CREATED) else status.restartAttempt
         status = replace(status, restartAttempt=attempt, startTime=None, readyNodes=0, nodes=())
         events = (Event("Normal", "Suspended", "Job suspended: deleting its pods"),)
+    pods = _ours(job, pods)
     message = "spec.suspend is true" + (f": waiting for {len(pods)} pod(s) to terminate" if pods else "")
     status = with_phase(status, SUSPENDED, "Suspended", message, now, created=False,
                         created_reason="Suspended", created_message="spec.suspend is true")
@@ -351,17 +384,26 @@ def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], n
     if status.phase == SUSPENDED:
         events.append(Event("Normal", "Resumed", "Job resumed: recreating its pods"))
     phase = RESTARTING if status.phase == RESTARTING else PENDING
+    # Never two gangs at once: our old pods must be gone first, and so must any other pod with
+    # the name of one of the new ones (a deleted namesake job's, going by garbage collection),
+    # or its creation would find "already exists". Only our own are deleted.
+    child_names = {names.node_pod_name(job.name, rank) for rank in range(nnodes)}
+    pods = [p for p in pods if _is_ours(job, p) or p.name in child_names]
     if pods:
-        # Never two gangs at once: the old pods (or a deleted job's namesakes) must be gone first.
         reason = status.reason if phase == RESTARTING else ("Resuming" if status.phase == SUSPENDED else "Waiting")
         message = f"waiting for {len(pods)} old pod(s) to terminate before creating attempt {attempt}: {_names(pods)}"
+        foreign = [p for p in pods if not _is_ours(job, p) and not p.deleting]
+        if foreign:
+            message += (f" ({_names(foreign)}: not this job's pod(s), with the name of one of its own; "
+                        "the operator does not delete them)")
         if phase == RESTARTING and status.failedNode is not None:
             message = f"restart {status.restarts} of {job.spec.failurePolicy.maxRestarts}: {message}"
         waiting = with_phase(replace(status, readyNodes=0), phase, reason, message, now)
-        return Plan(status=waiting, delete=_deletable(pods), events=tuple(events))
+        return Plan(status=waiting, delete=_deletable(_ours(job, pods)), events=tuple(events))
 
     message = f"created {nnodes} pod(s) (attempt {attempt}); waiting for every node to run"
-    created = replace(status, startTime=status.startTime or format_time(now), readyNodes=0, nodes=())
+    created = replace(status, startTime=status.startTime or format_time(now), readyNodes=0, nodes=(),
+                      nnodes=nnodes, podSpecHash=spec.pod_spec_hash(job.spec))
     created = with_phase(created, phase, "PodsCreated", message, now, created=True,
                          created_reason="PodsCreated", created_message=f"attempt {attempt}: {nnodes} pod(s)")
     events.append(Event("Normal", "Created", f"Creating {nnodes} pod(s) and the Service (attempt {attempt})"))
@@ -373,12 +415,14 @@ def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], n
 def _node_state(p: PodView) -> NodeState:
     reason = (p.terminated_reason or p.disruption or p.pod_reason or p.waiting_reason
               or ("Unschedulable" if p.unschedulable else ""))
-    message = p.terminated_message or p.pod_message or p.waiting_message or p.unschedulable.partition(": ")[2]
+    # Container output keeps its last lines; the kubelet's and the scheduler's words their first.
+    message = (truncate(p.terminated_message, NODE_MESSAGE_LIMIT) if p.terminated_message else
+               shorten(p.pod_message or p.waiting_message or p.unschedulable.partition(": ")[2],
+                       NODE_MESSAGE_LIMIT))
     if p.deleting and not p.finished:
         reason = reason or "Terminating"
     return NodeState(nodeRank=p.node_rank, pod=p.name, phase=p.phase, ready=p.ready,
-                     exitCode=p.exit_code, reason=reason, message=truncate(message, NODE_MESSAGE_LIMIT),
-                     nodeName=p.node_name)
+                     exitCode=p.exit_code, reason=reason, message=message, nodeName=p.node_name)
 
 
 def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[_Failure]:
@@ -396,12 +440,15 @@ def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[_Failure]:
 
 
 def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
-                created_ranks: frozenset[int]) -> Plan:
-    nnodes, attempt = job.spec.nnodes, status.restartAttempt
+                created_ranks: frozenset[int], creation_errors: Mapping[int, str]) -> Plan:
+    # The attempt keeps the shape it was created with (status.nnodes, status.podSpecHash): a
+    # spec changed under it (an older CRD, a bypassed validation) is for the next attempt.
+    nnodes, attempt = status.nnodes, status.restartAttempt
+    reshaped = bool(status.podSpecHash) and status.podSpecHash != spec.pod_spec_hash(job.spec)
     current: dict[int, PodView] = {}
     strays: list[PodView] = []
-    for p in pods:
-        if _is_ours(job, p) and p.attempt == attempt and p.node_rank < nnodes and p.node_rank not in current:
+    for p in _ours(job, pods):
+        if p.attempt == attempt and p.node_rank < nnodes and p.node_rank not in current:
             current[p.node_rank] = p
         else:
             strays.append(p)
@@ -448,20 +495,18 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         plan = _finished(job, done, pods, now)
         return replace(plan, delete=plan.delete + stray_deletes,
                        events=(Event("Normal", "Succeeded", f"All {nnodes} node(s) succeeded"),))
+    note = "; the spec has changed since this attempt started: the change applies to the next attempt" \
+        if reshaped else ""
     if started == nnodes:
         running_now = ready
-        message = f"{running_now}/{nnodes} node(s) running" + (f", {succeeded} succeeded" if succeeded else "")
+        message = f"{running_now}/{nnodes} node(s) running" + (f", {succeeded} succeeded" if succeeded else "") + note
         events = () if status.phase == RUNNING else (Event("Normal", "Running", f"All {nnodes} node(s) running (attempt {attempt})"),)
         running = replace(with_phase(observed, RUNNING, "AllNodesRunning", message, now), failedNode=None)
         return Plan(status=running, delete=stray_deletes, events=events)
 
     # Some nodes have not started: the startup clock runs from the attempt's creation.
     waiting = [p for p in current.values() if p.phase not in (POD_RUNNING, POD_SUCCEEDED)]
-    described = "; ".join(_describe_waiting(p) for p in sorted(waiting, key=lambda p: p.node_rank)[:_LISTED_PODS])
-    if len(waiting) > _LISTED_PODS:
-        described += f"; and {len(waiting) - _LISTED_PODS} more"
-    if missing:
-        described = "; ".join(filter(None, [described, f"{len(missing)} pod(s) not observed yet"]))
+    described = _describe_not_started(job, waiting, missing, creation_errors)
     not_started = len(waiting) + len(missing)
     created_cond = status.condition(CREATED)
     started_at = parse_time(created_cond.lastTransitionTime) if created_cond else None
@@ -473,24 +518,64 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                        f"({job.spec.startupTimeoutSeconds}s): {described}")
             return _fail(job, observed, pods, now, "StartupTimeout", message)
 
+    recreate = tuple(r for r in missing if r not in created_ranks)
+    if recreate and reshaped:
+        # A pod of this attempt would be built from another spec than its peers (another
+        # WORLD_SIZE, image, ...): start the next attempt in the new shape instead.
+        return _reshape(job, observed, pods, now)
     phase = RESTARTING if status.phase == RESTARTING else PENDING
     reason = "NodesPending"
     prefix = (f"restart {status.restarts} of {job.spec.failurePolicy.maxRestarts}: "
               if phase == RESTARTING else "")
-    message = f"{prefix}{started}/{nnodes} node(s) started; waiting for {described}"
+    message = f"{prefix}{started}/{nnodes} node(s) started; waiting for {described}{note}"
     pending = with_phase(observed, phase, reason, message, now)
-    recreate = tuple(r for r in missing if r not in created_ranks)
     return Plan(status=pending, create_ranks=recreate, attempt=attempt, ensure_service=bool(recreate),
                 delete=stray_deletes, requeue_after=left)
 
 
-def _describe_waiting(p: PodView) -> str:
+def _reshape(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime) -> Plan:
+    """The spec changed while the attempt still lacks pods: delete the attempt's pods and start
+    the next attempt from the new spec. Not a failure: the restart budget is not spent."""
+    message = (f"the spec changed while attempt {status.restartAttempt} was starting; "
+               f"recreating the gang from the new spec (attempt {status.restartAttempt + 1})")
+    restarting = replace(status, restartAttempt=status.restartAttempt + 1, readyNodes=0)
+    restarting = with_phase(restarting, RESTARTING, "SpecChanged", message, now, created=False,
+                            created_reason="SpecChanged", created_message=message)
+    return Plan(status=restarting, delete=_deletable(_ours(job, pods)),
+                events=(Event("Warning", "SpecChanged", message),))
+
+
+def _describe_not_started(job: spec.DDPJob, waiting: Sequence[PodView], missing: Sequence[int],
+                          creation_errors: Mapping[int, str]) -> str:
+    """The pods not running yet, grouped by why: a 64-node gang the scheduler cannot place is
+    one clause ("64 pod(s) ... Pending (Unschedulable: ...)"), not 64 copies of its verdict."""
+    groups: dict[str, list[str]] = {}
+    for p in sorted(waiting, key=lambda p: p.node_rank):
+        groups.setdefault(_why_waiting(p), []).append(p.name)
+    refused = [r for r in missing if r in creation_errors]
+    for rank in refused:
+        why = f"not created ({shorten(creation_errors[rank], _DETAIL_LIMIT)})"
+        groups.setdefault(why, []).append(names.node_pod_name(job.name, rank))
+    unseen = len(missing) - len(refused)
+    clauses = [f"{_listed(pods)} {why}" for why, pods in groups.items()]
+    if unseen:
+        clauses.append(f"{unseen} pod(s) not observed yet")
+    return "; ".join(clauses)
+
+
+def _listed(pod_names: Sequence[str]) -> str:
+    shown = ", ".join(pod_names[:_LISTED_PODS])
+    more = len(pod_names) - _LISTED_PODS
+    return (f"{len(pod_names)} pod(s) {shown} and {more} more" if more > 0 else shown)
+
+
+def _why_waiting(p: PodView) -> str:
     if p.unschedulable:
-        return f"{p.name} Pending ({p.unschedulable})"
+        return f"Pending ({shorten(p.unschedulable, _DETAIL_LIMIT)})"
     if p.waiting_reason:
         detail = f": {p.waiting_message}" if p.waiting_message else ""
-        return f"{p.name} {p.phase} ({p.waiting_reason}{detail})"
-    return f"{p.name} {p.phase}"
+        return f"{p.phase} ({shorten(p.waiting_reason + detail, _DETAIL_LIMIT)})"
+    return p.phase
 
 
 def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
@@ -514,7 +599,7 @@ def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                             created_reason="Restarting", created_message=message)
     event = Event("Warning", "Restarting",
                   f"{first.describe()}" + (f" [{first.reason}]" if first.reason else "")
-                  + f"; restarting all {job.spec.nnodes} node(s) (restart {restarts} of {budget})")
+                  + f"; restarting all {status.nnodes} node(s) (restart {restarts} of {budget})")
     # Every pod of the attempt goes, including the healthy ranks: they would hang in a
     # collective with the dead one until a watchdog fires (kubeflow/trainer#2269).
-    return Plan(status=restarting, delete=_deletable(pods), events=(event,))
+    return Plan(status=restarting, delete=_deletable(_ours(job, pods)), events=(event,))

@@ -17,8 +17,8 @@ from ddpjob.api import spec
 from ddpjob.controller.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
 from ddpjob.controller.kube import ApiError, KubeApi
 from ddpjob.controller.settings import OperatorSettings
-from ddpjob.api.status import JobStatus
-from ddpjob.controller.status import truncate
+from ddpjob.api.status import STATUS_MESSAGE_LIMIT, JobStatus
+from ddpjob.controller.status import shorten
 
 logger = logging.getLogger("ddpjob.controller.reconcile")
 
@@ -33,6 +33,7 @@ class JobMemory:
 
     status: Optional[JobStatus] = None  # the status last written; authoritative once set
     created: dict[int, set[int]] = field(default_factory=dict)  # attempt -> ranks created
+    refused: dict[int, dict[int, str]] = field(default_factory=dict)  # attempt -> rank -> why not
     gone_uids: set[str] = field(default_factory=set)  # deleted, whatever a stale watch says
     parsed: Optional[tuple[Any, spec.DDPJob]] = None  # (generation, job)
     consecutive_errors: int = 0
@@ -76,11 +77,17 @@ def reconcile(
     else:
         plan = decide(job, status, pods, now, generation=meta.get("generation"),
                       created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
+                      creation_errors=memory.refused.get(status.restartAttempt, {}),
                       force_delete_after=settings.force_delete_after_seconds)
     try:
         requeue = _act(body, job, status, plan, memory, kube, post_event, now)
     except ApiError as exc:
-        return _report_error(body, exc, memory, kube, settings, post_event)
+        delay = _report_error(body, exc, memory, kube, settings, post_event)
+        if delay is not None and memory.refused.get(plan.attempt) and exc.what.startswith("create pod"):
+            # Pods refused for now (a quota): ask again soon, so that a lifted quota is noticed
+            # in seconds; the status names the refusal meanwhile (and in a StartupTimeout).
+            delay = min(delay, settings.creation_retry_max_seconds)
+        return delay
     except Exception as exc:  # a bug must reach the user too, not only the operator's log
         logger.exception("%s: reconcile failed", meta.get("name"))
         return _report_error(body, ApiError(0, type(exc).__name__, str(exc), "reconcile"),
@@ -133,15 +140,20 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
         if plan.ensure_service:
             kube.create_service(builders.build_service(job))
         created = memory.created.setdefault(plan.attempt, set())
-        for attempt in [a for a in memory.created if a < plan.attempt]:
-            del memory.created[attempt]
+        refused = memory.refused.setdefault(plan.attempt, {})
+        for book in (memory.created, memory.refused):
+            for attempt in [a for a in book if a < plan.attempt]:
+                del book[attempt]
         outcomes = kube.create_pods(builders.build_pods(job, plan.attempt, list(plan.create_ranks)))
         for rank, outcome in zip(sorted(plan.create_ranks), outcomes):
             if outcome.created:
                 created.add(rank)
-        refused = [o.error for o in outcomes if o.error is not None and o.error.permanent]
-        if refused:
-            failed = refuse_creation(job, memory.status or plan.status, refused[0].message, now)
+                refused.pop(rank, None)
+            elif outcome.error is not None:
+                refused[rank] = outcome.error.message or str(outcome.error)
+        permanent = [o.error for o in outcomes if o.error is not None and o.error.permanent]
+        if permanent:
+            failed = refuse_creation(job, memory.status or plan.status, permanent[0].message, now)
             _write_status(body, failed.status, memory, kube)
             for event in failed.events:
                 post_event(event)
@@ -164,7 +176,7 @@ def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
     name = (body.get("metadata") or {}).get("name", "?")
     if exc.not_found and exc.what.startswith("patch status"):
         return None  # the DDPJob itself is gone; its DELETED event stops this worker
-    message = truncate(f"{exc}", 1024)
+    message = shorten(f"{exc}", STATUS_MESSAGE_LIMIT)
     logger.warning("%s: reconcile error: %s", name, message)
     memory.consecutive_errors += 1
     if message != memory.last_error:

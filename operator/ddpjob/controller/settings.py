@@ -30,6 +30,10 @@ class OperatorSettings:
     error_backoff_seconds: float = 1.0
     """First retry delay after a reconcile error; doubles per consecutive error."""
     error_backoff_max_seconds: float = 60.0
+    creation_retry_max_seconds: float = 5.0
+    """Longest wait between retries while the API server refuses a gang's pods for a reason an
+    administrator can lift (a ResourceQuota): nothing else tells the operator it was lifted
+    (watching quotas would need rights over every namespace's), so it keeps asking, often."""
     request_timeout_seconds: float = 30.0
     """Timeout of each Kubernetes API request the operator makes itself."""
     kubeconfig: Optional[str] = None

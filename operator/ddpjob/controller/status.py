@@ -37,9 +37,23 @@ def parse_time(text: Optional[str]) -> Optional[dt.datetime]:
 
 
 def truncate(text: str, limit: int) -> str:
-    """Keep the end of long text: a traceback's last lines say what went wrong."""
+    """Keep the end of long container output: a traceback's last lines say what went wrong.
+    The cut falls at the start of a line where one is near."""
     text = text.strip()
-    return text if len(text) <= limit else "..." + text[-(limit - 3):]
+    if len(text) <= limit:
+        return text
+    kept = text[-(limit - 3):]
+    newline = kept.find("\n")
+    if 0 <= newline < len(kept) // 4:
+        kept = kept[newline + 1:]
+    return "..." + kept
+
+
+def shorten(text: str, limit: int) -> str:
+    """Keep the beginning of a long sentence of ours (a status message, an API error): it says
+    what the job is doing ("0/64 node(s) started; ..."); the details trail."""
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,7 +84,7 @@ def with_phase(status: JobStatus, phase: str, reason: str, message: str, now: dt
     created (its lastTransitionTime is when the attempt started: the startup clock), False
     while the gang is being torn down or the job is suspended; None leaves it as it is.
     """
-    message = truncate(message, STATUS_MESSAGE_LIMIT)
+    message = shorten(message, STATUS_MESSAGE_LIMIT)
     conditions = status.conditions
     if created is not None:
         conditions = set_condition(conditions, CREATED, created, created_reason or reason,
