@@ -1,0 +1,147 @@
+"""The three launch styles of scripts people already have, on real gloo ranks, through
+`ddpjob run` (the same environment and commands as the pods): docs/launch-styles.md.
+
+The scripts are examples/scripts/*.py, written the way their authors write them: argparse
+--local_rank without a default (torch.distributed.launch), mp.spawn with MASTER_ADDR=localhost
+and a probed port, a PyTorchJob-MNIST-style env:// script reading only WORLD_SIZE/RANK.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def ddpjob(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddpjob.cli", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def changed_example(tmp_path: Path, name: str, **spec) -> Path:
+    """examples/<name>, its DDPJob's spec updated with ``spec`` (None deletes a field)."""
+    documents = list(yaml.safe_load_all((EXAMPLES / name).read_text()))
+    job = documents[-1]["spec"]
+    for key, value in spec.items():
+        if value is None:
+            job.pop(key, None)
+        else:
+            job[key] = value
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump_all(documents))
+    return path
+
+
+# -- style 1: torch.distributed.launch era --------------------------------------------------
+def test_style1_local_rank_script_runs_unmodified_with_two_processes_per_node():
+    result = ddpjob("run", "-f", str(EXAMPLES / "ddpjob-launch-local-rank.yaml"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for node, rank, local in ((0, 0, 0), (0, 1, 1), (1, 2, 0), (1, 3, 1)):
+        assert f"[node-{node}] rank {rank}/4 local_rank {local} ok" in result.stdout, result.stdout
+
+
+def test_style1_dashed_flag_for_torch2_scripts(tmp_path):
+    script = tmp_path / "dashed.py"
+    script.write_text(textwrap.dedent('''
+        import argparse, os
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--local-rank", type=int)   # what torch >= 2.0 launchers pass
+        parser.add_argument("--tag")
+        args = parser.parse_args()
+        assert args.local_rank == int(os.environ["LOCAL_RANK"]), args
+        print("local-rank", args.local_rank, "tag", args.tag, "ok", flush=True)
+    '''))
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "dashed"},
+        "spec": {"nnodes": 1, "nprocPerNode": 2, "image": "local", "localRankFlag": "--local-rank",
+                 "args": ["--script", str(script), "--tag", "x"],
+                 "failurePolicy": {"maxRestarts": 0}}}))
+    result = ddpjob("run", "-f", str(manifest))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "local-rank 0 tag x ok" in result.stdout and "local-rank 1 tag x ok" in result.stdout
+
+
+# -- style 2: mp.spawn with its own master ----------------------------------------------------
+def test_style2_mp_spawn_script_runs_unmodified_on_one_node():
+    result = ddpjob("run", "-f", str(EXAMPLES / "ddpjob-mp-spawn.yaml"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "rank 0/2 ok: 32 samples here, 64 in all" in result.stdout
+    assert "rank 1/2 ok: 32 samples here, 64 in all" in result.stdout
+
+
+def test_style2_unmodified_on_two_nodes_fails_fast_with_the_lines_to_change(tmp_path):
+    manifest = changed_example(tmp_path, "ddpjob-mp-spawn.yaml", nnodes=2,
+                               failurePolicy={"maxRestarts": 3})
+    started = time.monotonic()
+    result = ddpjob("run", "-f", str(manifest))
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-4000:]
+    assert time.monotonic() - started < 150, "not fast"
+    assert "ok:" not in result.stdout, "some pod trained alone"
+    assert "node 0 exited 2 (bad configuration, permanent)" in result.stderr, output[-3000:]
+    assert "world_size=2, but the job has 4 processes (2 nodes x 2)" in output
+    assert 'os.environ["MASTER_ADDR"] = "localhost"   -> delete' in output
+    assert 'rank = int(os.environ["RANK"]) + i' in output
+    assert "mp_spawn_single_node.py:" in output  # the line that called init_process_group
+
+
+def test_style2_converted_script_trains_on_two_nodes(tmp_path):
+    manifest = changed_example(tmp_path, "ddpjob-mp-spawn.yaml", nnodes=2,
+                               args=["--script", "/workspace/mp_spawn_multi_node.py"])
+    result = ddpjob("run", "-f", str(manifest))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for node, rank in ((0, 0), (0, 1), (1, 2), (1, 3)):
+        assert f"[node-{node}] rank {rank}/4 ok: 16 samples here, 64 in all" in result.stdout
+
+
+# -- style 3: plain env:// reading WORLD_SIZE/RANK -------------------------------------------
+def test_style3_env_script_as_its_own_command_with_two_processes_is_refused(tmp_path):
+    manifest = changed_example(tmp_path, "ddpjob-env-script.yaml", args=None,
+                               command=["python", "/workspace/env_mnist_style.py"])
+    for command in ("validate", "run"):
+        result = ddpjob(command, "-f", str(manifest), timeout=60)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "spec.command" in result.stderr and "launcher: none" in result.stderr
+        assert "--script PATH" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_style3_env_script_started_nproc_times_per_pod_is_coherent():
+    result = ddpjob("run", "-f", str(EXAMPLES / "ddpjob-env-script.yaml"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for node, rank in ((0, 0), (0, 1), (1, 2), (1, 3)):
+        assert f"[node-{node}] rank {rank}/4 ok" in result.stdout
+
+
+# -- a rendezvous that never completes inside the user's own init -----------------------------
+def test_users_init_that_never_completes_exits_12_within_the_bound(tmp_path):
+    # Local rank 1 never calls init_process_group, so rank 0's waits for it: torch's own
+    # timeout is 30 minutes; the job's startupTimeoutSeconds (15 s) bounds it.
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent('''
+        import datetime, os, time
+        import torch.distributed as dist
+        if os.environ["LOCAL_RANK"] == "1":
+            time.sleep(600)
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    '''))
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "hang"},
+        "spec": {"nnodes": 1, "nprocPerNode": 2, "image": "local", "startupTimeoutSeconds": 15,
+                 "args": ["--script", str(script)], "failurePolicy": {"maxRestarts": 0}}}))
+    started = time.monotonic()
+    result = ddpjob("run", "-f", str(manifest), timeout=200)
+    assert result.returncode == 12, result.stdout[-3000:] + result.stderr[-3000:]
+    assert time.monotonic() - started < 150
+    assert "init_process_group(rank=0, world_size=2" in result.stderr
+    assert "did not complete within 15s" in result.stderr
