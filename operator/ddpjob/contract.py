@@ -193,7 +193,7 @@ EXIT_CODE_MEANINGS: Mapping[int, str] = {
     1: "unexpected error (retryable)",
     2: "bad configuration (permanent)",
     3: "data missing (permanent)",
-    12: "rendezvous timeout: master unreachable or init_process_group never completed (retryable)",
+    12: "rendezvous timeout: master unreachable (retryable)",
     13: "peer lost (retryable)",
     126: "command not executable (permanent)",
     127: "command not found (permanent)",
