@@ -105,7 +105,7 @@ def test_style2_converted_script_trains_on_two_nodes(tmp_path):
 
 
 # -- style 3: plain env:// reading WORLD_SIZE/RANK -------------------------------------------
-def test_style3_env_script_as_its_own_command_with_two_processes_is_refused(tmp_path):
+def test_style3_env_script_refused_as_its_own_command_and_coherent_through_the_pod_entry(tmp_path):
     manifest = changed_example(tmp_path, "ddpjob-env-script.yaml", args=None,
                                command=["python", "/workspace/env_mnist_style.py"])
     for command in ("validate", "run"):
@@ -113,9 +113,7 @@ def test_style3_env_script_as_its_own_command_with_two_processes_is_refused(tmp_
         assert result.returncode == 2, result.stdout + result.stderr
         assert "spec.command" in result.stderr and "launcher: none" in result.stderr
         assert "--script PATH" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_style3_env_script_started_nproc_times_per_pod_is_coherent():
+    # The same script through the pod entry point: started nprocPerNode times per pod.
     result = ddpjob("run", "-f", str(EXAMPLES / "ddpjob-env-script.yaml"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for node, rank in ((0, 0), (0, 1), (1, 2), (1, 3)):
