@@ -143,3 +143,46 @@ def test_users_init_that_never_completes_exits_12_within_the_bound(tmp_path):
     assert time.monotonic() - started < 150
     assert "init_process_group(rank=0, world_size=2" in result.stderr
     assert "did not complete within 15s" in result.stderr
+
+
+def test_spawn_launcher_passes_sigterm_to_the_processes_the_script_spawned(tmp_path):
+    """The kubelet's SIGTERM goes to the pod entry point alone; the spawned processes must get
+    it too (to save a checkpoint), and the node reports 143."""
+    import os
+    import signal
+
+    script = tmp_path / "spawner.py"
+    script.write_text(textwrap.dedent('''
+        import multiprocessing as mp, os, signal, sys, time
+
+        def child(folder):
+            def stop(*_):
+                open(os.path.join(folder, "child-saved"), "w").close()
+                sys.exit(143)
+            signal.signal(signal.SIGTERM, stop)
+            open(os.path.join(folder, "child-ready"), "w").close()
+            time.sleep(60)
+
+        if __name__ == "__main__":
+            process = mp.get_context("spawn").Process(target=child, args=(sys.argv[1],))
+            process.start()
+            process.join()
+            sys.exit(process.exitcode)
+    '''))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    env.update(DDPJOB_TERMINATION_LOG=str(tmp_path / "termination-log"), PET_NNODES="1")
+    pod = subprocess.Popen([sys.executable, "-m", "ddptrainer.pod_entry", "--launcher", "spawn",
+                            "--script", str(script), str(tmp_path)], env=env, cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)  # its own group, as in a pod or `ddpjob run`
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "child-ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pod.send_signal(signal.SIGTERM)
+        code = pod.wait(timeout=60)
+    finally:
+        pod.kill()
+    output = pod.stdout.read()
+    assert (tmp_path / "child-saved").exists(), output
+    assert code == 143, output

@@ -364,18 +364,27 @@ def _guard_verdict(code: int, message: str, summary_dir: Optional[str]) -> tuple
 
 
 def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str]) -> tuple[int, str]:
-    """launcher spawn: the script once, in its own process group, so that SIGTERM reaches the
-    processes it spawned too (they save a checkpoint); its exit code is the node's."""
+    """launcher spawn: the script once; its exit code is the node's.
+
+    The script and the processes it spawns stay in our process group, so that whoever stops
+    the node by its group (``ddpjob run``) stops them all. A SIGTERM sent to us alone (the
+    kubelet's, to the container's first process) is passed on to the whole group, so the
+    spawned processes can save a checkpoint too."""
     import subprocess
 
     argv = [sys.executable, "-u", *worker_argv(pod, local_rank="0")]
-    child = subprocess.Popen(argv, start_new_session=True)
+    # Only a group we lead is ours to signal (a pod's first process, a `ddpjob run` node);
+    # started inside someone else's group, the script gets a group of its own instead.
+    leader = os.getpgrp() == os.getpid()
+    child = subprocess.Popen(argv, start_new_session=not leader)
+    group = os.getpgrp() if leader else child.pid
 
     def forward(signum: int, _frame: Any) -> None:
+        signal.signal(signum, signal.SIG_IGN)  # our group includes us: once is enough
         try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:
-            pass
+            os.killpg(group, signum)
+        except (ProcessLookupError, PermissionError):
+            child.send_signal(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
@@ -384,11 +393,6 @@ def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str]) -> tuple[
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
-        # Processes the script left behind (an mp.spawn child it never joined) go with it.
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     code = normalize_exit_code(returncode)
     notes = summary.read_rank_summaries(summary_dir) if summary_dir else {}
     note = _worker_note(notes, None)
