@@ -70,6 +70,22 @@ DDPJOB_DEVICE = "DDPJOB_DEVICE"
 DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS = "DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS"
 DDPJOB_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"
 DDPJOB_CONTRACT_VERSION = "DDPJOB_CONTRACT_VERSION"
+DDPJOB_LAUNCHER = "DDPJOB_LAUNCHER"
+DDPJOB_LOCAL_RANK_FLAG = "DDPJOB_LOCAL_RANK_FLAG"
+#: Not set by the operator: ``0`` in spec.env turns the pod entry point's init guard off.
+DDPJOB_INIT_GUARD = "DDPJOB_INIT_GUARD"
+
+# spec.launcher: who starts the pod's nprocPerNode training processes (docs/launch-styles.md).
+#: The pod entry point starts nprocPerNode copies of the script with torchrun (the default).
+LAUNCHER_TORCHRUN = "torchrun"
+#: The pod entry point starts the script once; the script starts its own processes (mp.spawn).
+LAUNCHER_SPAWN = "spawn"
+#: spec.command runs as written, once per pod; DDPJob starts nothing else.
+LAUNCHER_NONE = "none"
+LAUNCHERS = (LAUNCHER_TORCHRUN, LAUNCHER_SPAWN, LAUNCHER_NONE)
+#: spec.localRankFlag: what torch.distributed.launch passed to each worker (underscore until
+#: torch 2.0, dashed since). The pod entry point adds ``FLAG=<local rank>`` after the script.
+LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 
 # Names a user's `env` may not set: the operator owns them.
 RESERVED_ENV_NAMES = frozenset(
@@ -77,7 +93,8 @@ RESERVED_ENV_NAMES = frozenset(
         PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT,
         PET_MAX_RESTARTS, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK,
         LOCAL_WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE, DDPJOB_NAME, DDPJOB_NAMESPACE,
-        DDPJOB_RESTART_ATTEMPT, DDPJOB_DEVICE, DDPJOB_CONTRACT_VERSION,
+        DDPJOB_RESTART_ATTEMPT, DDPJOB_DEVICE, DDPJOB_CONTRACT_VERSION, DDPJOB_LAUNCHER,
+        DDPJOB_LOCAL_RANK_FLAG,
     }
 )
 RESERVED_ENV_PREFIX = "PET_"
@@ -95,6 +112,8 @@ def node_environment(
     restart_attempt: int,
     device: str,
     rendezvous_timeout_seconds: int,
+    launcher: str = LAUNCHER_TORCHRUN,
+    local_rank_flag: str | None = None,
 ) -> dict[str, str]:
     """The environment of one node (one pod), in a stable order.
 
@@ -125,7 +144,10 @@ def node_environment(
         DDPJOB_DEVICE: device,
         DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS: str(rendezvous_timeout_seconds),
         DDPJOB_CONTRACT_VERSION: CONTRACT_VERSION,
+        DDPJOB_LAUNCHER: launcher,
     }
+    if local_rank_flag:
+        env[DDPJOB_LOCAL_RANK_FLAG] = local_rank_flag
     return env
 
 
@@ -146,7 +168,8 @@ class ExitCode(enum.IntEnum):
     DATA_MISSING = 3
     #: No space left on the checkpoint volume. Permanent: a restart writes to the same volume.
     DISK_FULL = 4
-    #: MASTER_ADDR never resolved / its port never opened / the rendezvous timed out. Retryable.
+    #: MASTER_ADDR never resolved / its port never opened / the rendezvous timed out, or the
+    #: script's own init_process_group did not complete within the bound. Retryable.
     RENDEZVOUS_TIMEOUT = 12
     #: A peer rank died or the collective timed out mid-training. Retryable.
     PEER_LOST = 13

@@ -7,9 +7,18 @@ Usage::
     ddptrain-pod [POD OPTIONS] -m MODULE [module args]      # your own module
 
 POD OPTIONS (only before everything else): ``--termination-log PATH``,
-``--rendezvous-timeout-seconds N``. The rendezvous comes from the environment the operator sets
+``--rendezvous-timeout-seconds N``, ``--launcher torchrun|spawn`` (default: DDPJOB_LAUNCHER,
+else torchrun), ``--local-rank-flag --local_rank|--local-rank`` (default:
+DDPJOB_LOCAL_RANK_FLAG). The rendezvous comes from the environment the operator sets
 (PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT; torchrun reads
 them itself); with none of them it is a single node on this machine.
+
+Launchers (spec.launcher, docs/launch-styles.md): ``torchrun`` starts PET_NPROC_PER_NODE
+copies of the script; ``spawn`` starts it once, for scripts that start their own processes
+(mp.spawn). With a local-rank flag, each copy gets ``FLAG=<local rank>`` right after the
+script, as torch.distributed.launch passed it. Every Python process started here runs under the
+init guard (ddptrainer.init_guard: its init_process_group is checked against the job's world and
+bounded by the rendezvous timeout); DDPJOB_INIT_GUARD=0 turns it off.
 
 1. Node ranks other than 0 wait (bounded by DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS, logged) until
    PET_MASTER_ADDR resolves and PET_MASTER_PORT accepts connections: exit 12 if it never does.
@@ -35,7 +44,7 @@ from typing import Any, Mapping, NoReturn, Optional, Sequence
 from ddpjob import contract
 from ddpjob.contract import ExitCode
 
-from . import summary
+from . import init_guard, summary
 from .rendezvous_wait import MasterUnreachable, wait_for_master
 
 PROG = "ddptrain-pod"
@@ -58,6 +67,8 @@ class PodArgs:
     args: tuple[str, ...] = ()
     termination_log: Optional[str] = None
     rendezvous_timeout_seconds: Optional[int] = None
+    launcher: Optional[str] = None
+    local_rank_flag: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,39 @@ def _positive_int(text: str, what: str) -> int:
     return value
 
 
+# What this program can do; "none" (a command of the user's own) is treated as torchrun: it is
+# what the pod entry point does when a user runs it as that command.
+POD_LAUNCHERS = (contract.LAUNCHER_TORCHRUN, contract.LAUNCHER_SPAWN)
+
+
+def _choice(value: str, allowed: Sequence[str], what: str) -> str:
+    if value not in allowed:
+        raise PodUsageError(f"{what}: must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def resolve_launch(pod: PodArgs, environ: Mapping[str, str]) -> PodArgs:
+    """The launcher and local-rank flag: the pod options, else the operator's variables."""
+    launcher = pod.launcher or environ.get(contract.DDPJOB_LAUNCHER) or contract.LAUNCHER_TORCHRUN
+    if launcher == contract.LAUNCHER_NONE:
+        launcher = contract.LAUNCHER_TORCHRUN
+    launcher = _choice(launcher, POD_LAUNCHERS, contract.DDPJOB_LAUNCHER)
+    flag = pod.local_rank_flag or environ.get(contract.DDPJOB_LOCAL_RANK_FLAG) or None
+    if flag is not None:
+        flag = _choice(flag, contract.LOCAL_RANK_FLAGS, contract.DDPJOB_LOCAL_RANK_FLAG)
+        if pod.kind == "trainer":
+            raise PodUsageError(f"a local-rank flag ({flag}) is for your own script: give it with "
+                                "--script PATH or -m MODULE (the built-in trainer reads LOCAL_RANK)")
+        if launcher != contract.LAUNCHER_TORCHRUN:
+            raise PodUsageError(f"a local-rank flag ({flag}) needs launcher torchrun: with "
+                                "launcher spawn your script starts its processes itself")
+    if launcher == contract.LAUNCHER_SPAWN and pod.kind == "trainer":
+        raise PodUsageError("launcher spawn runs your own script once per pod: give it with "
+                            "--script PATH or -m MODULE (the built-in trainer uses launcher torchrun)")
+    return PodArgs(pod.kind, pod.target, pod.args, pod.termination_log,
+                   pod.rendezvous_timeout_seconds, launcher, flag)
+
+
 def parse_pod_args(argv: Sequence[str]) -> PodArgs:
     argv = list(argv)
     opts: dict[str, Any] = {}
@@ -91,7 +135,7 @@ def parse_pod_args(argv: Sequence[str]) -> PodArgs:
             i += 1
             break
         if name in ("--script", "-m", "--module", "--termination-log",
-                    "--rendezvous-timeout-seconds"):
+                    "--rendezvous-timeout-seconds", "--launcher", "--local-rank-flag"):
             if eq:
                 value, i = inline, i + 1
             elif i + 1 < len(argv):
@@ -104,6 +148,10 @@ def parse_pod_args(argv: Sequence[str]) -> PodArgs:
                 return PodArgs("module", value, tuple(argv[i:]), **opts)
             if name == "--termination-log":
                 opts["termination_log"] = value
+            elif name == "--launcher":
+                opts["launcher"] = _choice(value, POD_LAUNCHERS, name)
+            elif name == "--local-rank-flag":
+                opts["local_rank_flag"] = _choice(value, contract.LOCAL_RANK_FLAGS, name)
             else:
                 opts["rendezvous_timeout_seconds"] = _positive_int(value, name)
             continue
@@ -145,9 +193,22 @@ def torchrun_argv(pod: PodArgs, node: NodeEnv, environ: Mapping[str, str]) -> li
     if node.master_addr and static and not environ.get("PET_RDZV_CONF"):
         # The static rendezvous waits 600 s by default for every node's agent; bound it too.
         argv += ["--rdzv-conf", f"timeout={node.rendezvous_timeout_seconds}"]
+    return argv + worker_argv(pod, local_rank=TORCHRUN_LOCAL_RANK)
+
+
+# torchrun substitutes this in every worker's arguments (torch.distributed.elastic's macros):
+# the dashed flag is what torchrun itself passes when asked; the underscore spelling, which
+# torch.distributed.launch passed before torch 2.0, it no longer can.
+TORCHRUN_LOCAL_RANK = "${local_rank}"
+
+
+def worker_argv(pod: PodArgs, local_rank: str) -> list[str]:
+    """The worker's arguments after ``python``: script or ``-m module``, the local-rank flag
+    where torch.distributed.launch put it (right after the script), then the user's."""
+    flag = [f"{pod.local_rank_flag}={local_rank}"] if pod.local_rank_flag else []
     if pod.kind == "script":
-        return argv + [pod.target, *pod.args]
-    return argv + ["-m", pod.target, *pod.args]
+        return [pod.target, *flag, *pod.args]
+    return ["-m", pod.target, *flag, *pod.args]
 
 
 def contract_mismatch(environ: Mapping[str, str]) -> Optional[str]:
@@ -245,13 +306,14 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
     summary_dir = _summary_dir()
     code, message = 0, ""
     try:
-        pod = parse_pod_args(raw)
+        pod = resolve_launch(parse_pod_args(raw), env)
         node = read_node_env(env, pod)
         node_rank = node.node_rank
         _log(f"node_rank={node.node_rank} nnodes={node.nnodes} nproc_per_node="
              f"{node.nproc_per_node} master={node.master_addr or 'localhost'}:"
              f"{node.master_port} rendezvous_timeout={node.rendezvous_timeout_seconds}s "
-             f"run={pod.kind}:{pod.target}")
+             f"run={pod.kind}:{pod.target} launcher={pod.launcher}"
+             + (f" local_rank_flag={pod.local_rank_flag}" if pod.local_rank_flag else ""))
         mismatch = contract_mismatch(env)
         if mismatch:
             _log(mismatch)
@@ -260,7 +322,15 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
                                      node.rendezvous_timeout_seconds, _log)
             _log(f"master {node.master_addr}:{node.master_port} is up ({waited.address}); "
                  "starting torchrun")
-        code, message = _run_torchrun(pod, node, env, summary_dir)
+        if summary_dir:
+            os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
+        # Every Python process started from here on runs under the init guard.
+        os.environ.update(init_guard.guarded_environment(env))
+        if pod.launcher == contract.LAUNCHER_SPAWN:
+            code, message = _run_once(pod, node, summary_dir)
+        else:
+            code, message = _run_torchrun(pod, node, env, summary_dir)
+        code, message = _guard_verdict(code, message, summary_dir)
     except PodUsageError as e:
         code, message = int(ExitCode.BAD_CONFIG), f"bad configuration: {e}"
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
@@ -279,6 +349,60 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
     return code
 
 
+def _guard_verdict(code: int, message: str, summary_dir: Optional[str]) -> tuple[int, str]:
+    """A failed node whose init guard refused a world (2) or timed out a rendezvous (12) exits
+    with the guard's code and words: the processes above the guarded one (an mp.spawn parent,
+    say) report only "a child failed" (1)."""
+    if code == 0:
+        return code, message
+    verdicts = init_guard.read_verdicts(summary_dir)
+    if not verdicts:
+        return code, message
+    verdict_code, verdict_message = verdicts[0]
+    _log(f"the init guard decided the exit code: {verdict_code} (the workers reported {code})")
+    return verdict_code, verdict_message
+
+
+def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str]) -> tuple[int, str]:
+    """launcher spawn: the script once; its exit code is the node's.
+
+    The script and the processes it spawns stay in our process group, so that whoever stops
+    the node by its group (``ddpjob run``) stops them all. A SIGTERM sent to us alone (the
+    kubelet's, to the container's first process) is passed on to the whole group, so the
+    spawned processes can save a checkpoint too."""
+    import subprocess
+
+    argv = [sys.executable, "-u", *worker_argv(pod, local_rank="0")]
+    # Only a group we lead is ours to signal (a pod's first process, a `ddpjob run` node);
+    # started inside someone else's group, the script gets a group of its own instead.
+    leader = os.getpgrp() == os.getpid()
+    child = subprocess.Popen(argv, start_new_session=not leader)
+    group = os.getpgrp() if leader else child.pid
+
+    def forward(signum: int, _frame: Any) -> None:
+        signal.signal(signum, signal.SIG_IGN)  # our group includes us: once is enough
+        try:
+            os.killpg(group, signum)
+        except (ProcessLookupError, PermissionError):
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    try:
+        returncode = child.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+    code = normalize_exit_code(returncode)
+    notes = summary.read_rank_summaries(summary_dir) if summary_dir else {}
+    note = _worker_note(notes, None)
+    if code == 0:
+        return 0, note or "completed"
+    message = f"the script exited {code} ({contract.describe_exit_code(code)})" + (f": {note}" if note else "")
+    _log(message)
+    return code, message
+
+
 def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
                   summary_dir: Optional[str]) -> tuple[int, str]:
     # Imported late: waiting for the master should not pay for importing torch.
@@ -288,10 +412,7 @@ def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    # Workers inherit os.environ; each leaves its one-line summary in summary_dir.
-    if summary_dir:
-        os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
-
+    # Workers inherit os.environ (run() put the summary folder and the guard there).
     def summaries() -> dict[int, str]:
         return summary.read_rank_summaries(summary_dir) if summary_dir else {}
 

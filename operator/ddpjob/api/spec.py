@@ -29,6 +29,8 @@ MAX_JOB_NAME_LENGTH = 53
 MAX_NNODES = 9999
 MAX_NPROC_PER_NODE = 64
 GPU_RESOURCE = "nvidia.com/gpu"
+# Bounds the CEL cost of the launcher rules, which look at command[0].
+MAX_COMMAND_ITEM_LENGTH = 4096
 
 
 def spec_field(description: str, *, default: Any = ..., default_factory: Any = None, **schema: Any):
@@ -205,6 +207,10 @@ class PodTemplate:
     spec: PodTemplateSpec = spec_field("Pod-level settings.", default_factory=PodTemplateSpec)
 
 
+# The pod entry point's program name: a command that runs it (at any path) is not "your own".
+POD_ENTRY_PROGRAM = contract.DEFAULT_POD_COMMAND[0]
+_OWN_COMMAND_CEL = f"(has(self.command) && !self.command[0].endsWith('{POD_ENTRY_PROGRAM}'))"
+
 @dataclass(frozen=True)
 class DDPJobSpec:
     nnodes: int = spec_field("Number of nodes: one pod each.", minimum=1, maximum=MAX_NNODES)
@@ -219,10 +225,27 @@ class DDPJobSpec:
     command: Optional[tuple[str, ...]] = spec_field(
         "Container command. Default: the trainer image's pod entry point "
         f"({' '.join(contract.DEFAULT_POD_COMMAND)}), which waits for the master and runs torchrun.",
-        default=None, min_items=1)
+        default=None, min_items=1, max_length=MAX_COMMAND_ITEM_LENGTH)
     args: tuple[str, ...] = spec_field(
-        "Container args; with the default command, the trainer's options (ddptrain --help).",
+        "Container args; with the default command, the trainer's options (ddptrain --help), or "
+        "--script PATH [ARGS] / -m MODULE [ARGS] for your own script.",
         default=())
+    launcher: Optional[str] = spec_field(
+        "Who starts the pod's nprocPerNode training processes (docs/launch-styles.md). "
+        "torchrun: the pod entry point starts nprocPerNode copies of the script (args: --script "
+        "PATH), each with its own RANK, LOCAL_RANK and WORLD_SIZE. spawn: the pod entry point "
+        "starts the script once and it starts its own nprocPerNode processes (torch "
+        "multiprocessing.spawn). none: command runs as written, once per pod; with nprocPerNode "
+        "> 1 it must start the processes itself (torchrun, mp.spawn). Default: torchrun without "
+        "command, none with one. torchrun and spawn check every init_process_group against the "
+        "job's world and bound it by startupTimeoutSeconds (exit 12).",
+        default=None, enum=contract.LAUNCHERS)
+    localRankFlag: Optional[str] = spec_field(
+        "For scripts written for torch.distributed.launch (argparse --local_rank without a "
+        "default): the pod entry point passes FLAG=<local rank> to each process, right after "
+        "the script, as that launcher did. --local_rank (before torch 2.0) or --local-rank. "
+        "Only with launcher torchrun.",
+        default=None, enum=contract.LOCAL_RANK_FLAGS)
     env: tuple[Mapping[str, Any], ...] = spec_field(
         "Extra environment variables (core/v1 EnvVar). Names the operator sets (MASTER_ADDR, "
         "RANK, PET_*, ...) are refused, and so is a name given twice.", default=(),
@@ -283,6 +306,44 @@ class DDPJobSpec:
             check=lambda s: _gpu_count_matches(s, "requests"),
             field_path=".resources.requests",
         ),
+        # The launcher rules: no combination of command, launcher, localRankFlag and
+        # nprocPerNode may give the processes an incoherent world (docs/launch-styles.md).
+        Rule(
+            cel=f"!{_OWN_COMMAND_CEL} || self.nprocPerNode == 1 || (has(self.launcher) && self.launcher == '{contract.LAUNCHER_NONE}')",
+            message="a command of your own runs once per pod, but nprocPerNode > 1 makes WORLD_SIZE "
+            "count processes that would never start (init_process_group would wait forever). "
+            "Either leave command unset and give your script in args (--script PATH ARGS...): the "
+            "pod entry point then starts nprocPerNode processes, each with its own RANK and "
+            "LOCAL_RANK; or, if your command starts nprocPerNode processes itself (torchrun, "
+            "mp.spawn), say so with launcher: none",
+            check=lambda s: not _own_command(s) or s["nprocPerNode"] == 1
+            or s.get("launcher") == contract.LAUNCHER_NONE,
+            field_path=".command",
+        ),
+        Rule(
+            cel=f"!has(self.launcher) || self.launcher == '{contract.LAUNCHER_NONE}' || !{_OWN_COMMAND_CEL}",
+            message="launcher torchrun and spawn are the pod entry point's: leave command unset and "
+            "give your script in args (--script PATH ARGS... or -m MODULE ARGS...); launcher: none "
+            "runs a command of your own",
+            check=lambda s: s.get("launcher") in (None, contract.LAUNCHER_NONE) or not _own_command(s),
+            field_path=".launcher",
+        ),
+        Rule(
+            cel=f"!has(self.launcher) || self.launcher != '{contract.LAUNCHER_NONE}' || {_OWN_COMMAND_CEL}",
+            message="launcher: none runs a command of your own as written: set command, or choose "
+            "launcher torchrun or spawn for the pod entry point",
+            check=lambda s: s.get("launcher") != contract.LAUNCHER_NONE or _own_command(s),
+            field_path=".launcher",
+        ),
+        Rule(
+            cel=f"!has(self.localRankFlag) || ((!has(self.launcher) || self.launcher == '{contract.LAUNCHER_TORCHRUN}') && !{_OWN_COMMAND_CEL})",
+            message="localRankFlag is passed by the pod entry point's torchrun launcher: leave "
+            "command unset, give your script in args (--script PATH ARGS...), and leave launcher "
+            "unset or torchrun",
+            check=lambda s: not s.get("localRankFlag") or (
+                s.get("launcher") in (None, contract.LAUNCHER_TORCHRUN) and not _own_command(s)),
+            field_path=".localRankFlag",
+        ),
         Rule(
             cel="self.volumeMounts.all(m, self.template.spec.volumes.exists(v, v.name == m.name))",
             message="every volumeMounts[].name must name a volume in template.spec.volumes",
@@ -299,6 +360,21 @@ class DDPJobSpec:
             field_path=".volumeMounts",
         ),
     )
+
+
+def _own_command(spec: Mapping[str, Any]) -> bool:
+    """A command other than the pod entry point: it runs as written, once per pod."""
+    command = spec.get("command")
+    return bool(command) and not command[0].endswith(POD_ENTRY_PROGRAM)
+
+
+def effective_launcher(spec: DDPJobSpec) -> str:
+    """spec.launcher, or its default: torchrun for the pod entry point, none for a command of
+    your own (which DDPJob cannot look into)."""
+    if spec.launcher:
+        return spec.launcher
+    own = spec.command is not None and not spec.command[0].endswith(POD_ENTRY_PROGRAM)
+    return contract.LAUNCHER_NONE if own else contract.LAUNCHER_TORCHRUN
 
 
 def _gpu_count_matches(spec: Mapping[str, Any], kind: str) -> bool:

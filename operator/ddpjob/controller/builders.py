@@ -101,6 +101,9 @@ def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int) -> list[dict
         # The pod entry point waits this long for the master; pods that are not all up by then
         # fail the job with StartupTimeout anyway.
         rendezvous_timeout_seconds=s.startupTimeoutSeconds,
+        # What the pod entry point starts (docs/launch-styles.md); the command stays as given.
+        launcher=spec.effective_launcher(s),
+        local_rank_flag=s.localRankFlag,
     )
     return [{"name": k, "value": v} for k, v in env.items()] + [copy.deepcopy(dict(e)) for e in s.env]
 

@@ -110,7 +110,8 @@ def job_environment(job: api.DDPJob, *, node_rank: int, master_port: int, restar
         job_name=job.name, namespace=job.namespace, master_addr=LOCAL_MASTER_ADDR,
         master_port=master_port, nnodes=spec.nnodes, nproc_per_node=spec.nprocPerNode,
         node_rank=node_rank, restart_attempt=restart_attempt, device=spec.device,
-        rendezvous_timeout_seconds=spec.startupTimeoutSeconds)
+        rendezvous_timeout_seconds=spec.startupTimeoutSeconds,
+        launcher=api.effective_launcher(spec), local_rank_flag=spec.localRankFlag)
     gpus = setup.gpu_ids or ()
     stand_ins = {
         contract.DDPJOB_TERMINATION_LOG: termination_log_path(setup, node_rank),
