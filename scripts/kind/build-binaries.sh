@@ -2,7 +2,7 @@
 # Builds, from the Go module proxy, everything a kind cluster needs that Debian does not
 # package: kind itself, kubelet, kubeadm, kube-proxy, kubectl (Kubernetes $DDPJOB_K8S_VERSION),
 # CoreDNS, crictl and a pause binary. Cached under ~/.cache/ddpjob/kind/bin-<versions>/;
-# whatever is already built is skipped. Prints that folder on stdout (progress on stderr).
+# whatever is already built is skipped (arguments: only those parts). Prints that folder on stdout (progress on stderr).
 #
 # Kubernetes components use the wrapper-module recipe of scripts/build-control-plane.sh (see
 # there why: kubernetes/kubernetes#79384). Builds run under `nice` with GOMAXPROCS=2.
@@ -100,11 +100,18 @@ GO
   "${NICE[@]}" go build -trimpath -ldflags "-s -w" -o "$OUT/pause" . || die "go build of pause failed"
 }
 
-build_pause
-go_install kind "sigs.k8s.io/kind@$KIND_VERSION"
-go_install crictl "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
-build_k8s
-go_install coredns "github.com/coredns/coredns@$COREDNS_VERSION"
+# Arguments: only these (pause kind crictl kubernetes coredns); default all.
+targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(pause kind crictl kubernetes coredns)
+for t in "${targets[@]}"; do
+  case "$t" in
+    pause) build_pause ;;
+    kind) go_install kind "sigs.k8s.io/kind@$KIND_VERSION" ;;
+    crictl) go_install crictl "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION" ;;
+    kubernetes) build_k8s ;;
+    coredns) go_install coredns "github.com/coredns/coredns@$COREDNS_VERSION" ;;
+    *) die "unknown target $t" ;;
+  esac
+done
 # kind's node-image files (entrypoint, systemd units) come from its module source.
 GOFLAGS= go mod download "sigs.k8s.io/kind@$KIND_VERSION" >/dev/null
 log "done in $(( $(date +%s) - start ))s: $OUT"

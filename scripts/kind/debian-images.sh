@@ -56,8 +56,8 @@ node_base() {
   # What kind's images/base installs (kind v0.33.0), from Debian: containerd, runc and the CNI
   # plugins are Debian's (1.6.20, 1.1.5, 1.1.1), not kind's own builds.
   build kind-node-base "systemd,systemd-sysv,dbus,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,jq,procps,containerd,runc,containernetworking-plugins,socat,hostname,e2fsprogs,findutils" \
-    --change "$ENV_PATH" --change 'ENV container=docker' --change 'STOPSIGNAL SIGRTMIN+3' \
-    --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]'
+    --change "$ENV_PATH" --change 'ENV container=docker'
+  # (STOPSIGNAL and ENTRYPOINT: images/kind-node/Dockerfile; `docker import` cannot set the former)
 }
 
 targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(python iptables node)

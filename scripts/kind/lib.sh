@@ -31,6 +31,6 @@ registry_reachable() {
 
 # `docker build` with the classic builder: BuildKit's Dockerfile frontend would be pulled from
 # a registry, and the CLI may lack the buildx plugin.
-docker_build() { DOCKER_BUILDKIT=0 docker build "$@"; }
+docker_build() { DOCKER_BUILDKIT=0 docker build --force-rm "$@"; }
 
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
