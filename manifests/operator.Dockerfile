@@ -6,6 +6,7 @@
 ARG BASE=python:3.11-slim
 
 FROM ${BASE} AS build
+LABEL dev.ddpjob.build-stage=1
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python3 -m venv /opt/venv
 COPY ci/constraints.txt pyproject.toml README.md /tmp/src/

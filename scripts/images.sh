@@ -9,8 +9,9 @@
 # torch from PyTorch's CPU index). Where none is (DDPJOB_OFFLINE=1, or auto-detected): the base is
 # the project's own Debian image (scripts/kind/debian-images.sh) and the Python packages come
 # from wheels that pip downloads on the host into ~/.cache/ddpjob/wheels/, handed to the build
-# in a context assembled under ~/.cache/ddpjob/images/ (the repository's files + wheels/), so
-# the build itself needs no network.
+# in a context assembled under ~/.cache/ddpjob/images/, so the build itself needs no network:
+# torch goes into a base image of its own (images/torch-base, rebuilt only when the wheels
+# change), which trainer/Dockerfile builds on with OFFLINE=1.
 # Usage: images.sh [trainer|operator]...   (default: both). Uses the project's dockerd if no
 # other engine is set up (scripts/kind/dockerd.sh).
 set -euo pipefail
@@ -39,17 +40,21 @@ download_wheels() {  # download_wheels NAME REQUIREMENT...
   echo "$key" > "$dir/.key"
 }
 
-make_context() {  # make_context NAME SKIP_REGEX -> prints the folder
+make_context() {  # make_context NAME SKIP_REGEX -> a folder: the repository's files + wheels/
   local name="$1" skip="$2" ctx="$CONTEXTS/context-$1"
   rm -rf "$ctx"; mkdir -p "$ctx/wheels"
   # The repository's files as git sees them (tracked and new, not ignored).
   git ls-files -co --exclude-standard -z | tar --null -T - -cf - 2>/dev/null | tar -xf - -C "$ctx"
-  local whl
-  for whl in "$WHEELS/$name"/*.whl; do
-    [[ "$(basename "$whl")" =~ $skip ]] && continue
-    ln "$whl" "$ctx/wheels/" 2>/dev/null || cp "$whl" "$ctx/wheels/"
-  done
+  link_wheels "$name" "$skip" "$ctx/wheels"
   echo "$ctx"
+}
+
+link_wheels() {  # link_wheels NAME SKIP_REGEX DEST
+  local whl
+  for whl in "$WHEELS/$1"/*.whl; do
+    [[ "$(basename "$whl")" =~ $2 ]] && continue
+    ln "$whl" "$3/" 2>/dev/null || cp "$whl" "$3/"
+  done
 }
 
 # What an image is built from: the files its Dockerfile copies, the Dockerfile, the pins.
@@ -58,35 +63,72 @@ source_key() {  # source_key DOCKERFILE EXTRA...
       | xargs -0 sha256sum; echo "${*:2}"; } | sha256sum | cut -c1-16
 }
 
-build_image() {  # build_image NAME DOCKERFILE TAG
-  local name="$1" dockerfile="$2" tag="$3" start=$SECONDS online=0
-  registry_reachable && online=1
-  [[ $online == 1 ]] || bash "$KIND_SCRIPTS/debian-images.sh" python
-  local key; key="$(source_key "$dockerfile" "online=$online" "$TRAINER_SKIP" "$(docker image inspect -f "{{.Id}}" "$LOCAL_PYTHON_BASE" 2>/dev/null)")"
-  if [[ "$(docker image inspect -f '{{index .Config.Labels "dev.ddpjob.key"}}' "$tag" 2>/dev/null)" == "$key" ]]; then
-    log "$tag is up to date"; return 0
-  fi
-  if [[ $online == 1 ]]; then
-    log "docker build $tag (public base, packages from the indexes)"
-    docker_build -q --label "dev.ddpjob.key=$key" -f "$dockerfile" -t "$tag" . >/dev/null
+up_to_date() { [[ "$(docker image inspect -f '{{index .Config.Labels "dev.ddpjob.key"}}' "$1" 2>/dev/null)" == "$2" ]]; }
+drop_build_stages() { docker image prune -f --filter label=dev.ddpjob.build-stage=1 >/dev/null; }
+report() { log "$1: $(docker image inspect -f '{{.Size}}' "$1" | awk '{printf "%.2f GB", $1/1e9}') in $2 s"; }
+
+# Offline: Python + torch from the wheels, once per set of wheels (images/torch-base).
+torch_base() {
+  download_wheels trainer torch torchvision PyYAML
+  local key; key="$( (ls "$WHEELS/trainer" | grep -Ev "$TRAINER_SKIP"; cat images/torch-base/Dockerfile
+                      docker image inspect -f '{{.Id}}' "$LOCAL_PYTHON_BASE") | sha256sum | cut -c1-12)"
+  TORCH_BASE="localhost/ddpjob/torch-base:$key"
+  image_exists "$TORCH_BASE" && return 0
+  local ctx="$CONTEXTS/context-torch-base" start=$SECONDS
+  rm -rf "$ctx"; mkdir -p "$ctx"
+  link_wheels trainer "$TRAINER_SKIP" "$ctx"
+  cp images/torch-base/Dockerfile "$ctx/"
+  log "docker build $TORCH_BASE ($(du -shL "$ctx" | cut -f1) of wheels)"
+  docker_build -q --build-arg "BASE=$LOCAL_PYTHON_BASE" -t "$TORCH_BASE" "$ctx" >/dev/null
+  rm -rf "$ctx"; drop_build_stages
+  report "$TORCH_BASE" $((SECONDS - start))
+}
+
+build_trainer() {
+  local tag="$TRAINER_IMAGE" start=$SECONDS key
+  if registry_reachable; then
+    key="$(source_key trainer/Dockerfile online)"
+    up_to_date "$tag" "$key" && { log "$tag is up to date"; return 0; }
+    log "docker build $tag (python:3.11-slim, torch from PyTorch's CPU index)"
+    docker_build -q --label "dev.ddpjob.key=$key" -f trainer/Dockerfile -t "$tag" . >/dev/null
   else
-    local ctx skip='^$'
-    [[ "$name" == trainer ]] && skip="$TRAINER_SKIP"
-    if [[ "$name" == trainer ]]; then download_wheels trainer torch torchvision PyYAML
-    else download_wheels operator kopf kubernetes PyYAML; fi
-    ctx="$(make_context "$name" "$skip")"
-    log "docker build $tag (offline: base $LOCAL_PYTHON_BASE, $(du -shL "$ctx/wheels" | cut -f1) of wheels)"
-    docker_build -q --build-arg "BASE=$LOCAL_PYTHON_BASE" --label "dev.ddpjob.key=$key" -f "$ctx/$dockerfile" -t "$tag" "$ctx" >/dev/null
-    rm -rf "$ctx"
+    bash "$KIND_SCRIPTS/debian-images.sh" python
+    torch_base
+    key="$(source_key trainer/Dockerfile "$TORCH_BASE")"
+    up_to_date "$tag" "$key" && { log "$tag is up to date"; return 0; }
+    log "docker build $tag (offline: base $TORCH_BASE)"
+    docker_build -q --build-arg "BASE=$TORCH_BASE" --build-arg OFFLINE=1 \
+      --label "dev.ddpjob.key=$key" -f trainer/Dockerfile -t "$tag" . >/dev/null
   fi
-  log "$tag: $(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}') in $((SECONDS - start)) s"
+  report "$tag" $((SECONDS - start))
+}
+
+build_operator() {
+  local tag="$OPERATOR_IMAGE" start=$SECONDS key
+  if registry_reachable; then
+    key="$(source_key manifests/operator.Dockerfile online)"
+    up_to_date "$tag" "$key" && { log "$tag is up to date"; return 0; }
+    log "docker build $tag (python:3.11-slim, packages from PyPI)"
+    docker_build -q --label "dev.ddpjob.key=$key" -f manifests/operator.Dockerfile -t "$tag" . >/dev/null
+  else
+    bash "$KIND_SCRIPTS/debian-images.sh" python
+    download_wheels operator kopf kubernetes PyYAML
+    key="$(source_key manifests/operator.Dockerfile "$(docker image inspect -f '{{.Id}}' "$LOCAL_PYTHON_BASE")" "$(ls "$WHEELS/operator")")"
+    up_to_date "$tag" "$key" && { log "$tag is up to date"; return 0; }
+    local ctx; ctx="$(make_context operator '^$')"
+    log "docker build $tag (offline: base $LOCAL_PYTHON_BASE, wheels from $WHEELS/operator)"
+    docker_build -q --build-arg "BASE=$LOCAL_PYTHON_BASE" --label "dev.ddpjob.key=$key" \
+      -f "$ctx/manifests/operator.Dockerfile" -t "$tag" "$ctx" >/dev/null
+    rm -rf "$ctx"; drop_build_stages
+  fi
+  report "$tag" $((SECONDS - start))
 }
 
 targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(operator trainer)
 for t in "${targets[@]}"; do
   case "$t" in
-    trainer) build_image trainer trainer/Dockerfile "$TRAINER_IMAGE" ;;
-    operator) build_image operator manifests/operator.Dockerfile "$OPERATOR_IMAGE" ;;
+    trainer) build_trainer ;;
+    operator) build_operator ;;
     *) die "unknown image $t (trainer, operator)" ;;
   esac
 done
