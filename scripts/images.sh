@@ -64,7 +64,7 @@ source_key() {  # source_key DOCKERFILE EXTRA...
 }
 
 up_to_date() { [[ "$(docker image inspect -f '{{index .Config.Labels "dev.ddpjob.key"}}' "$1" 2>/dev/null)" == "$2" ]]; }
-drop_build_stages() { docker image prune -f --filter label=dev.ddpjob.build-stage=1 >/dev/null; }
+drop_build_stages() { prune_replaced; }
 report() { log "$1: $(docker image inspect -f '{{.Size}}' "$1" | awk '{printf "%.2f GB", $1/1e9}') in $2 s"; }
 
 # Offline: Python + torch from the wheels, once per set of wheels (images/torch-base).
@@ -100,6 +100,7 @@ build_trainer() {
     docker_build -q --build-arg "BASE=$TORCH_BASE" --build-arg OFFLINE=1 \
       --label "dev.ddpjob.key=$key" -f trainer/Dockerfile -t "$tag" . >/dev/null
   fi
+  prune_replaced
   report "$tag" $((SECONDS - start))
 }
 

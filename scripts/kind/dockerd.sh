@@ -69,6 +69,10 @@ stop() {
     kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
   fi
   rm -f "$PIDFILE"
+  # The default bridge dockerd made (ours by its address) goes too: the machine as it was.
+  if ip -4 addr show docker0 2>/dev/null | grep -q " ${BRIDGE_CIDR%/*}/"; then
+    ip link delete docker0 2>/dev/null || true
+  fi
   # dockerd's containerd and shims end with it; what they mounted under the exec-root goes too.
   grep -o " $EXEC_ROOT[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
 }

@@ -34,3 +34,10 @@ registry_reachable() {
 docker_build() { DOCKER_BUILDKIT=0 docker build --force-rm "$@"; }
 
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+
+# Images this project built and then replaced under the same name (now untagged): their space
+# back. Only dangling images with the project's label or its build-stage label.
+prune_replaced() {
+  docker image prune -f --filter label=dev.ddpjob.key >/dev/null
+  docker image prune -f --filter label=dev.ddpjob.build-stage=1 >/dev/null
+}

@@ -68,5 +68,6 @@ docker_build -q --build-arg "BASE=localhost/ddpjob/kind-node-base:$DEBIAN_SUITE"
   --build-arg "K8S_VERSION=$K8S_VERSION" --label "dev.ddpjob.key=$key" \
   --label "dev.ddpjob.etcd-image-tag=$ETCD_TAG" -t "$LOCAL_NODE_IMAGE" "$CTX" >/dev/null
 rm -rf "$CTX"
+prune_replaced
 log "$LOCAL_NODE_IMAGE: $(docker image inspect -f '{{.Size}}' "$LOCAL_NODE_IMAGE" | awk '{printf "%.2f GB", $1/1e9}') in $((SECONDS - start)) s"
 echo "$LOCAL_NODE_IMAGE"
