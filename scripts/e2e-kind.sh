@@ -32,15 +32,28 @@ trap cleanup EXIT
 start=$SECONDS
 exports="$(bash scripts/kind/up.sh)"
 eval "$exports"
-log "cluster ready in $((SECONDS - start)) s; running the suite"
+log "cluster ready in $((SECONDS - start)) s"
 eval "$(bash scripts/kind/dockerd.sh env)"
 export DOCKER_HOST KUBECONFIG
 [[ -x "$KIND_BIN_DIR/kind" ]] && export PATH="$KIND_BIN_DIR:$PATH"
+# The test-bed parity tests (tests/cluster/test_testbed.py) run pods on a plain Python image
+# that has no entrypoint and runs as root, as python:3.11-slim: offline, the project's Debian
+# base plus a `python` command.
+if registry_reachable; then
+  PYTHON_IMAGE="${DDPJOB_E2E_PYTHON_IMAGE:-python:3.11-slim}"
+  image_exists "$PYTHON_IMAGE" || docker pull -q "$PYTHON_IMAGE" >/dev/null
+else
+  PYTHON_IMAGE="${DDPJOB_E2E_PYTHON_IMAGE:-localhost/ddpjob/python:3.11-$DEBIAN_SUITE}"
+  image_exists "$PYTHON_IMAGE" || printf 'FROM %s\nRUN ln -s python3 /usr/bin/python\n' "$LOCAL_PYTHON_BASE" \
+    | docker_build -q -t "$PYTHON_IMAGE" - >/dev/null
+fi
+workers="$(kind get nodes --name "$CLUSTER" | grep -v control-plane | paste -sd, -)"
+kind load docker-image --name "$CLUSTER" --nodes "$workers" "$PYTHON_IMAGE" >/dev/null
+log "running the suite ($((SECONDS - start)) s)"
 export DDPJOB_E2E_TARGET=kind DDPJOB_KIND_CONTEXT="kind-$CLUSTER"
 export DDPJOB_KIND_SHARED_DIR="$DDPJOB_CACHE/kind/shared-$CLUSTER"
 export DDPJOB_TRAINER_IMAGE="$TRAINER_IMAGE"
-# The test-bed parity tests' pods need an image with Python: the trainer image is loaded.
-export DDPJOB_E2E_PYTHON_IMAGE="${DDPJOB_E2E_PYTHON_IMAGE:-$TRAINER_IMAGE}"
+export DDPJOB_E2E_PYTHON_IMAGE="$PYTHON_IMAGE"
 export PYTHONPATH="$PWD/operator:$PWD/trainer${PYTHONPATH:+:$PYTHONPATH}"
 set +e
 python3 -m pytest tests/cluster -m cluster -ra -p no:cacheprovider "$@"
