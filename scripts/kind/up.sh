@@ -61,10 +61,13 @@ networking:
   podSubnet: $POD_SUBNET
   disableDefaultCNI: $([[ $OFFLINE == 1 ]] && echo true || echo false)
 kubeadmConfigPatches:
-  # cgroup v1 hosts: kubelet >= 1.35 refuses them unless told otherwise
+  # cgroup v1 hosts: kubelet >= 1.35 refuses them unless told otherwise. Logs: the kubelet
+  # rotates a container's log at 10 MiB by default and `kubectl logs` shows only the current
+  # file; 64 MiB keeps a test job's whole log readable.
   - |
     kind: KubeletConfiguration
     failCgroupV1: false
+    containerLogMaxSize: 64Mi
 YAML
     if [[ $OFFLINE == 1 ]]; then
       etcd_tag="$(docker image inspect -f '{{index .Config.Labels "dev.ddpjob.etcd-image-tag"}}' "$NODE_IMAGE")"
