@@ -75,6 +75,7 @@ stop() {
   fi
   # dockerd's containerd and shims end with it; what they mounted under the exec-root goes too.
   grep -o " $EXEC_ROOT[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+  grep -q " $EXEC_ROOT" /proc/mounts || rm -rf "$EXEC_ROOT"
 }
 
 case "${1:-}" in
