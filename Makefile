@@ -1,5 +1,5 @@
 # One-line entry points; each calls a script under scripts/ that does the work.
-.PHONY: setup example test test-unit generate build-control-plane e2e-kind bench
+.PHONY: setup example test test-unit generate build-control-plane images kind-up kind-down e2e-kind bench
 
 setup:            ## install the project with pinned dependencies
 	bash scripts/setup.sh
@@ -19,5 +19,14 @@ generate:         ## regenerate manifests/crd.yaml and docs/api.md from the API 
 build-control-plane:  ## build etcd + kube-apiserver/controller-manager/scheduler once (cached)
 	bash scripts/build-control-plane.sh
 
-e2e-kind:         ## the end-to-end suite against a kind cluster (needs Docker and kind)
+images:           ## the trainer and operator images (offline: Debian base + wheels from PyPI)
+	bash scripts/images.sh
+
+kind-up:          ## a kind cluster (1 control-plane + 2 workers) running the operator
+	bash scripts/kind/up.sh
+
+kind-down:        ## delete it and stop the project's dockerd (caches stay)
+	bash scripts/kind/down.sh
+
+e2e-kind:         ## kind-up, the end-to-end suite against it, kind-down
 	bash scripts/e2e-kind.sh

@@ -1,18 +1,29 @@
-# The operator image: kopf and the Kubernetes client, never torch.
-#   docker build -f manifests/operator.Dockerfile -t ghcr.io/ddpjob/operator:0.1.0 .
-FROM python:3.11-slim
+# The operator image: kopf and the Kubernetes client, never torch. `make images` builds it
+# (scripts/images.sh); by hand, from the repository root:
+#   docker build -f manifests/operator.Dockerfile -t localhost/ddpjob/operator:0.1.0 .
+# Offline, scripts/images.sh adds a folder wheels/ (downloaded on the host with pip) to the
+# build context and sets BASE to the project's own Debian image: nothing is fetched.
+ARG BASE=python:3.11-slim
 
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-
+FROM ${BASE} AS build
+LABEL dev.ddpjob.build-stage=1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
+RUN python3 -m venv /opt/venv
 COPY ci/constraints.txt pyproject.toml README.md /tmp/src/
+COPY ci/constraints.txt wheel[s] /tmp/wheels/
 COPY operator /tmp/src/operator
 COPY trainer /tmp/src/trainer
 # Pinned versions (ci/constraints.txt); the [operator] extra brings kopf and kubernetes only.
-RUN pip install -c /tmp/src/constraints.txt "/tmp/src[operator]" && rm -rf /tmp/src
+RUN if ls /tmp/wheels/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheels; fi \
+ && pip install -c /tmp/src/constraints.txt "/tmp/src[operator]" \
+ && python3 -c "import kopf, kubernetes, ddpjob.controller.handlers" \
+ && find /opt/venv -name __pycache__ -type d -prune -exec rm -rf {} +
 
+FROM ${BASE}
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH
+COPY --from=build /opt/venv /opt/venv
 # Non-root, numeric, so runAsNonRoot can be verified by the kubelet.
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ddpjob
 USER 10001:10001

@@ -179,20 +179,28 @@ def namespace(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]
 @pytest.fixture
 def shared_host_dir(cluster: Cluster, namespace: str) -> str:
     """A directory to mount with hostPath (type DirectoryOrCreate) in several pods of a test
-    so they share files, as a shared volume would. Locally it is a host directory the test
-    can read too; on kind it lives inside the node container (pods on one node share it)."""
+    so they share files, as a shared volume would, and that the test reads and writes too.
+    Locally a host directory; on kind a folder under the one scripts/kind/up.sh mounts into
+    every node at the same path (``$DDPJOB_KIND_SHARED_DIR``), so pods on different nodes share
+    it. Without that variable, a path inside the node containers (pods on one node share it)."""
     if cluster.testbed is not None:
         path = cluster.run_dir / "shared" / namespace
         path.mkdir(parents=True, exist_ok=True)
         return str(path)
-    return f"/tmp/ddpjob-e2e/{namespace}"
+    shared = kind_target.shared_dir()
+    if shared is None:
+        return f"/tmp/ddpjob-e2e/{namespace}"
+    path = shared / namespace
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o1777)  # the trainer image runs as uid 10001
+    return str(path)
 
 
 @pytest.fixture(scope="session")
 def trainer_image() -> str:
-    """The image DDPJob pods use: loaded into kind by scripts/e2e-kind.sh; ignored locally
+    """The image DDPJob pods use: loaded into kind by scripts/kind/up.sh; ignored locally
     (the node agent runs the command on the host's Python)."""
-    return os.environ.get("DDPJOB_TRAINER_IMAGE", "ghcr.io/ddpjob/trainer:0.1.0")
+    return os.environ.get("DDPJOB_TRAINER_IMAGE", "localhost/ddpjob/trainer:0.1.0")
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,14 @@ kind must differ, the branch is here, in one place, and says why:
 * ``kill_training_worker``: locally every pod's processes are host processes, so the worker
   is found by scanning the host's /proc; on kind the same script runs inside the pod with
   ``kubectl exec`` (each container has its own PID namespace there).
-* ``checkpoint_steps``: locally the ``shared_host_dir`` fixture is a host directory the test
-  reads; on kind a ``hostPath`` lives inside the kind node container, so the test lists it
-  with ``kubectl exec`` in a pod that mounts it.
-* ``prepare_shared_dir``: on kind, kubelet creates a ``hostPath`` (DirectoryOrCreate) as
-  root, mode 0755, and the trainer image runs as uid 10001, so a short root pod opens the
-  directory up first (locally pods run as root and the fixture made the directory already).
-  With one kind node (scripts/e2e-kind.sh) every pod sees the same directory; with several
-  nodes a hostPath is not shared and the resume scenario cannot work there.
+* ``checkpoint_steps``, ``open_gate``: the ``shared_host_dir`` fixture is a folder this
+  process can read and write on both targets (on kind, scripts/kind/up.sh mounts one host folder
+  into every node at the same path, so a ``hostPath`` there is one folder shared by all nodes,
+  as a shared volume would be). Only a kind cluster made otherwise (a hostPath inside each node)
+  needs the ``kubectl exec`` branch, into a pod that mounts it.
+* ``prepare_shared_dir``: kubelet creates a missing ``hostPath`` (DirectoryOrCreate) as root,
+  mode 0755, and the trainer image runs as uid 10001, so where the test cannot open the folder
+  up itself a short root pod does (locally pods run as root).
 
 Reads go through the API (``cluster.api_client``) as plain dicts; the scenarios use the real
 ``kubectl`` where the issue says so (``kubectl apply``, ``kubectl get ddpjobs``).
@@ -420,23 +420,26 @@ _CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
 def checkpoint_steps(e2e: E2E, host_dir: str, pod_name: str, mount_path: str) -> list[int]:
-    """The steps of the complete checkpoints in the shared directory (see the module doc for
-    the kind branch: ``kubectl exec`` into a pod that mounts it at ``mount_path``)."""
-    if e2e.local:
-        names = [p.name for p in Path(host_dir).iterdir()]
+    """The steps of the complete checkpoints in the shared directory (read here when the test
+    sees it, else with ``kubectl exec`` in a pod that mounts it at ``mount_path``)."""
+    if Path(host_dir).is_dir():
+        files = [p.name for p in Path(host_dir).iterdir()]
     else:
-        result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c", names.CONTAINER_NAME,
-                                     "--", "ls", "-1", mount_path, check=False)
+        result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c",
+                                     names.CONTAINER_NAME, "--", "ls", "-1", mount_path,
+                                     check=False)
         if result.returncode != 0:
             return []
-        names = result.stdout.split()
-    return sorted(int(m.group(1)) for m in map(_CHECKPOINT_NAME.match, names) if m)
+        files = result.stdout.split()
+    return sorted(int(m.group(1)) for m in map(_CHECKPOINT_NAME.match, files) if m)
 
 
 def prepare_shared_dir(e2e: E2E, path: str) -> None:
-    """Make a hostPath directory writable for the trainer image's non-root user (kind only;
-    see the module doc)."""
+    """Make a hostPath directory writable for the trainer image's non-root user (module doc)."""
     if e2e.local:
+        return
+    if Path(path).is_dir():
+        Path(path).chmod(0o1777)
         return
     name = "prepare-shared-dir"
     pod = {
@@ -475,9 +478,9 @@ def gate_command(mount_path: str, timeout_seconds: int = 120) -> list[str]:
 
 
 def open_gate(e2e: E2E, host_dir: str, pod_name: str, mount_path: str) -> None:
-    """Create ``go`` in the shared directory: directly locally, through a pod that mounts it on
-    kind (module doc)."""
-    if e2e.local:
+    """Create ``go`` in the shared directory: directly where the test sees it, else through a
+    pod that mounts it (module doc)."""
+    if Path(host_dir).is_dir():
         (Path(host_dir) / "go").touch()
         return
     e2e.cluster.kubectl("exec", "-n", e2e.namespace, pod_name, "-c", names.CONTAINER_NAME, "--", "python",

@@ -19,6 +19,9 @@ def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
     assert status["phase"] == "Succeeded", status
     assert (status["reason"], status["restarts"], status["nnodes"]) == ("AllNodesSucceeded", 0, 2)
     assert status.get("completionTime") and status.get("startTime")
+    if not e2e.local:  # a real scheduler with two workers: one pod on each
+        placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in e2e.pods("ddpjob-example")}
+        assert len(set(placed.values())) == 2, placed
 
     log = e2e.wait_for_logs("ddpjob-example-node-0", "ddptrain: done")
     start, = trainer_events(log, "start")

@@ -1,8 +1,8 @@
 """The same suite on a kind cluster (DDPJOB_E2E_TARGET=kind): the current kube context, the
 operator as the Deployment from manifests/, pod logs from ``kubectl logs``.
 
-scripts/e2e-kind.sh creates the cluster, builds and loads the images and applies
-manifests/; here the fixtures only check that it is there and use it.
+scripts/kind/up.sh (via scripts/e2e-kind.sh) creates the cluster, builds and loads the images
+and applies manifests/; here the fixtures only check that it is there and use it.
 """
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ SKIP_PREFIX = "kind target needs a Docker engine and a kind cluster: "
 OPERATOR_DEPLOYMENT = os.environ.get("DDPJOB_OPERATOR_DEPLOYMENT", "ddpjob-operator")
 OPERATOR_SELECTOR = os.environ.get("DDPJOB_OPERATOR_SELECTOR",
                                    "app.kubernetes.io/name=ddpjob-operator")
+
+
+def shared_dir() -> Path | None:
+    """The host folder scripts/kind/up.sh mounts into every node at the same path
+    ($DDPJOB_KIND_SHARED_DIR), or None."""
+    value = os.environ.get("DDPJOB_KIND_SHARED_DIR")
+    return Path(value) if value and Path(value).is_dir() else None
 
 
 def kind_unavailable_reason(context: str | None) -> str | None:

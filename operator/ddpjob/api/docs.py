@@ -13,7 +13,7 @@ EXAMPLE = {
     "apiVersion": schema.API_VERSION,
     "kind": names.KIND,
     "metadata": {"name": "mnist"},
-    "spec": {"nnodes": 2, "nprocPerNode": 1, "image": "ghcr.io/ddpjob/trainer:0.1.0",
+    "spec": {"nnodes": 2, "nprocPerNode": 1, "image": "localhost/ddpjob/trainer:0.1.0",
              "args": ["--epochs", "3"]},
 }
 
