@@ -35,7 +35,7 @@ from tests.testbed.operator_runner import (
     operator_command, operator_environment, service_account_kubeconfig,
 )
 from tests.testbed.rest import Informer, RestClient
-from tests.testbed.testbed import LocalTestbed
+from tests.testbed.testbed import BRIDGE as TESTBED_BRIDGE, LocalTestbed
 
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SERVICE_ACCOUNT}"
 API = "ddpjob.dev/v1alpha1"
@@ -369,7 +369,7 @@ class Bed:
 
     def pod_pids(self, uid: str) -> list[int]:
         """The processes in a pod's network namespace (the node agent names it after the uid)."""
-        result = subprocess.run(["ip", "netns", "pids", f"ddpjob-{uid[:23]}"],
+        result = subprocess.run(["ip", "netns", "pids", f"ddpjob-{TESTBED_BRIDGE}-{uid[:23]}"],
                                 capture_output=True, text=True)
         return [int(p) for p in result.stdout.split()]
 

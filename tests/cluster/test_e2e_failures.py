@@ -117,7 +117,7 @@ def test_gpus_no_node_has_time_out_and_release_the_pods(e2e, nodes):
     try:
         e2e.create(ddpjob_manifest(name, e2e.image, device="gpu", nprocPerNode=2,
                                    command=python_command("print('never runs')"),
-                                   startupTimeoutSeconds=10))
+                                   launcher="none", startupTimeoutSeconds=10))
         pending = e2e.wait_for_status(
             name, lambda s: "Insufficient nvidia.com/gpu" in s.get("message", ""), 30,
             "the scheduler's verdict in the status")
