@@ -22,10 +22,8 @@ skip() {
   [[ "${DDPJOB_KIND_REQUIRED:-}" == 1 ]] && exit 1
   exit 0
 }
-if [[ -z "${DOCKER_HOST:-}" ]] && ! { [[ -S /var/run/docker.sock ]] && docker info >/dev/null 2>&1; }; then
-  [[ $EUID -eq 0 ]] || skip "no engine answers and starting one needs root"
-  command -v dockerd >/dev/null || command -v apt-get >/dev/null || skip "no dockerd and no apt-get to install one"
-fi
+why_not="$(docker_unavailable_reason)"
+[[ -z "$why_not" ]] || skip "$why_not"
 
 cleanup() { [[ "${DDPJOB_KIND_KEEP:-}" == 1 ]] || bash scripts/kind/down.sh; }
 trap cleanup EXIT
@@ -36,17 +34,13 @@ log "cluster ready in $((SECONDS - start)) s"
 eval "$(bash scripts/kind/dockerd.sh env)"
 export DOCKER_HOST KUBECONFIG
 [[ -x "$KIND_BIN_DIR/kind" ]] && export PATH="$KIND_BIN_DIR:$PATH"
-# The test-bed parity tests (tests/cluster/test_testbed.py) run pods on a plain Python image
-# that has no entrypoint and runs as root, as python:3.11-slim: offline, the project's Debian
-# base plus a `python` command.
+# The test-bed parity tests' plain Python image (scripts/kind/prepare.sh built or pulled it).
 if registry_reachable; then
   PYTHON_IMAGE="${DDPJOB_E2E_PYTHON_IMAGE:-python:3.11-slim}"
-  image_exists "$PYTHON_IMAGE" || docker pull -q "$PYTHON_IMAGE" >/dev/null
 else
-  PYTHON_IMAGE="${DDPJOB_E2E_PYTHON_IMAGE:-localhost/ddpjob/python:3.11-$DEBIAN_SUITE}"
-  image_exists "$PYTHON_IMAGE" || printf 'FROM %s\nRUN ln -s python3 /usr/bin/python\n' "$LOCAL_PYTHON_BASE" \
-    | docker_build -q -t "$PYTHON_IMAGE" - >/dev/null
+  PYTHON_IMAGE="${DDPJOB_E2E_PYTHON_IMAGE:-$LOCAL_PYTHON_TEST_IMAGE}"
 fi
+image_exists "$PYTHON_IMAGE" || die "$PYTHON_IMAGE is missing (scripts/kind/prepare.sh makes it)"
 workers="$(kind get nodes --name "$CLUSTER" | grep -v control-plane | paste -sd, -)"
 kind load docker-image --name "$CLUSTER" --nodes "$workers" "$PYTHON_IMAGE" >/dev/null
 log "running the suite ($((SECONDS - start)) s)"

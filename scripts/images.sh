@@ -12,7 +12,8 @@
 # in a context assembled under ~/.cache/ddpjob/images/, so the build itself needs no network:
 # torch goes into a base image of its own (images/torch-base, rebuilt only when the wheels
 # change), which trainer/Dockerfile builds on with OFFLINE=1.
-# Usage: images.sh [trainer|operator]...   (default: both). Uses the project's dockerd if no
+# Usage: images.sh [trainer|operator|bases]...   (default: trainer and operator; `bases`: only
+# the wheels and, offline, the torch base: what changes least, for scripts/kind/prepare.sh). Uses the project's dockerd if no
 # other engine is set up (scripts/kind/dockerd.sh).
 set -euo pipefail
 LOG_TAG=images
@@ -130,6 +131,8 @@ for t in "${targets[@]}"; do
   case "$t" in
     trainer) build_trainer ;;
     operator) build_operator ;;
-    *) die "unknown image $t (trainer, operator)" ;;
+    bases) registry_reachable || { bash "$KIND_SCRIPTS/debian-images.sh" python; torch_base
+                                   download_wheels operator kopf kubernetes PyYAML; } ;;
+    *) die "unknown image $t (trainer, operator, bases)" ;;
   esac
 done

@@ -24,8 +24,10 @@ command -v iptables >/dev/null || missing_packages+=(iptables)
 if [[ ${#missing_packages[@]} -gt 0 ]]; then
   command -v apt-get >/dev/null || die "missing ${missing_packages[*]} and no apt-get to install them"
   log "installing ${missing_packages[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing_packages[@]}" >/dev/null
+  # The lock timeout: scripts/test.sh may be installing the kind tier's packages at the same time.
+  apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -qq)
+  "${apt[@]}" update
+  "${apt[@]}" install "${missing_packages[@]}" >/dev/null
 fi
 
 PY="${PYTHON:-python3}"

@@ -10,11 +10,7 @@ set -euo pipefail
 LOG_TAG=kind/debian-images
 source "$(dirname "$0")/lib.sh"
 use_docker
-command -v mmdebstrap >/dev/null || {
-  log "installing mmdebstrap with apt-get"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null 2>&1 \
-    || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null; }
-}
+command -v mmdebstrap >/dev/null || apt_install mmdebstrap
 
 MIRRORS=(
   "deb http://deb.debian.org/debian $DEBIAN_SUITE main"

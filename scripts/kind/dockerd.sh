@@ -33,10 +33,7 @@ start() {
   if use_external; then log "using the Docker engine at ${DOCKER_HOST:-/var/run/docker.sock}"; return 0; fi
   if running; then return 0; fi
   if ! command -v dockerd >/dev/null; then
-    command -v apt-get >/dev/null || die "no dockerd; install Docker"
-    log "installing docker.io (dockerd, containerd, runc) with apt-get"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null 2>&1 \
-      || { apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null; }
+    (LOG_TAG=kind/dockerd; source "$HERE/lib.sh"; apt_install docker.io)  # dockerd, containerd, runc
   fi
   mkdir -p "$DOCKER_DIR/data" "$EXEC_ROOT"
   local runtime_args=()

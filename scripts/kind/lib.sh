@@ -12,6 +12,32 @@ OPERATOR_IMAGE="${DDPJOB_OPERATOR_IMAGE:-localhost/ddpjob/operator:0.1.0}"
 # Bases built from Debian packages where no registry can be reached (scripts/kind/debian-images.sh).
 LOCAL_PYTHON_BASE="localhost/ddpjob/python-base:$DEBIAN_SUITE"
 LOCAL_NODE_IMAGE="localhost/ddpjob/kind-node:$K8S_VERSION"
+# The test-bed parity tests (tests/cluster/test_testbed.py) run pods on a plain Python image with
+# no entrypoint that runs as root, as python:3.11-slim does: offline, the Debian base plus `python`.
+LOCAL_PYTHON_TEST_IMAGE="localhost/ddpjob/python:3.11-$DEBIAN_SUITE"
+
+# apt-get install that waits for another apt-get (scripts/test.sh runs this path's setup next to
+# scripts/install-test-deps.sh) and refreshes the package lists once if a package is unknown.
+apt_install() {
+  command -v apt-get >/dev/null || die "$* missing and no apt-get to install them"
+  log "installing $* with apt-get"
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -qq)
+  "${apt[@]}" install "$@" >/dev/null 2>&1 || { "${apt[@]}" update >/dev/null; "${apt[@]}" install "$@" >/dev/null; }
+}
+
+# Why the kind tier cannot run on this machine (empty when it can): a Docker engine answers,
+# or this user can start the project's own (root, and dockerd installed or installable).
+docker_unavailable_reason() {
+  if [[ -n "${DOCKER_HOST:-}" ]] || { [[ -S /var/run/docker.sock ]] && docker info >/dev/null 2>&1; }; then
+    return 0
+  fi
+  if [[ $EUID -ne 0 ]]; then echo "no Docker engine answers and starting one needs root"
+  elif ! command -v dockerd >/dev/null && ! command -v apt-get >/dev/null; then
+    echo "no Docker engine, no dockerd and no apt-get to install one"
+  elif ! grep -qw overlay /proc/filesystems && ! modprobe -n overlay 2>/dev/null; then
+    echo "the kernel has no overlay filesystem for Docker's overlay2 storage"
+  fi
+}
 
 # Docker: the engine in DOCKER_HOST, or the project's own (scripts/kind/dockerd.sh).
 use_docker() {

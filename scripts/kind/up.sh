@@ -25,13 +25,14 @@ start=$SECONDS
 stage() { log "[$((SECONDS - start)) s] $*"; }
 
 use_docker
+stage "binaries and images (scripts/kind/prepare.sh; cached)"
+bash "$KIND_SCRIPTS/prepare.sh"
 if registry_reachable; then
   OFFLINE=0
   KIND="$(command -v kind || echo "$(bash "$KIND_SCRIPTS/build-binaries.sh" kind)/kind")"
   NODE_IMAGE="${KIND_NODE_IMAGE:-}"
 else
   OFFLINE=1
-  stage "offline: building (or reusing) kind, the node image and the images"
   BIN="$(bash "$KIND_SCRIPTS/build-binaries.sh")"
   KIND="$BIN/kind"
   export PATH="$BIN:$PATH"   # kubectl of the cluster's version
@@ -39,8 +40,6 @@ else
 fi
 export KIND
 command -v kubectl >/dev/null || die "kubectl is not on PATH"
-stage "images"
-bash scripts/images.sh
 
 if "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
   stage "kind cluster $CLUSTER exists"
