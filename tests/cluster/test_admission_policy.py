@@ -23,7 +23,7 @@ from .e2e_support import GROUP, ddpjob_manifest
 pytestmark = pytest.mark.cluster
 
 POLICY = "ddpjob-creator-rights"
-IMAGE = "ghcr.io/ddpjob/trainer:0.1.0"
+IMAGE = "localhost/ddpjob/trainer:0.1.0"
 
 
 @pytest.fixture(scope="module")

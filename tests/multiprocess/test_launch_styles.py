@@ -75,7 +75,9 @@ def test_style1_dashed_flag_for_torch2_scripts(tmp_path):
         parser.add_argument("--tag")
         args = parser.parse_args()
         assert args.local_rank == int(os.environ["LOCAL_RANK"]), args
-        print("local-rank", args.local_rank, "tag", args.tag, "ok", flush=True)
+        # One string, one write: two ranks share the pod's stdout (unbuffered), and print()
+        # with several arguments writes each piece separately, so lines could interleave.
+        print(f"local-rank {args.local_rank} tag {args.tag} ok", flush=True)
     '''))
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump({

@@ -63,6 +63,29 @@ def test_examples_are_valid(manifest):
     assert schema.validate_ddpjob(manifest) == []
 
 
+# No public registry hosts DDPJob's images: every file a user copies names them as `make images`
+# builds them (localhost/ddpjob/...), so a pod never waits on a pull that cannot succeed.
+# (The -cuda tag is trainer/Dockerfile's documented CUDA build.)
+PROJECT_IMAGES = {"localhost/ddpjob/trainer:0.1.0", "localhost/ddpjob/operator:0.1.0",
+                  "localhost/ddpjob/trainer:0.1.0-cuda"}
+
+
+def _images_named(node) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["image"]] if isinstance(node.get("image"), str) else []
+        return found + [i for value in node.values() for i in _images_named(value)]
+    if isinstance(node, list):
+        return [i for value in node for i in _images_named(value)]
+    return []
+
+
+@pytest.mark.parametrize("path", sorted([*(ROOT / "examples").glob("*.yaml"), *(ROOT / "manifests").glob("*.yaml")]),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_examples_and_manifests_name_only_the_images_make_images_builds(path):
+    images = [i for doc in yaml.safe_load_all(path.read_text()) for i in _images_named(doc)]
+    assert set(images) <= PROJECT_IMAGES, f"{path.name} names {sorted(set(images) - PROJECT_IMAGES)}"
+
+
 @pytest.mark.parametrize("obj,expected", [
     ([1, 2], "a DDPJob must be a mapping (apiVersion, kind, metadata, spec), got a list"),
     ("text", 'a DDPJob must be a mapping (apiVersion, kind, metadata, spec), got string "text"'),
