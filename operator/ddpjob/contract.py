@@ -26,7 +26,10 @@ Meanings chosen (the peers disagree, see docs/contract.md):
 from __future__ import annotations
 
 import enum
-from typing import Mapping
+import json
+import os
+import time
+from typing import Any, Mapping, Optional
 
 # ---------------------------------------------------------------------------------------------
 # Version and defaults
@@ -93,6 +96,30 @@ PROGRESS_REPORT_KEYS = ("step", "total_steps", "epoch", "epochs", "loss", "throu
 def progress_file_name(rank: int) -> str:
     """The file one training process (global rank ``rank``) writes its reports to."""
     return f"rank-{int(rank)}.json"
+
+
+def read_progress_reports(directory: str, now: Optional[float] = None) -> dict[str, dict[str, Any]]:
+    """The reports in ``directory`` by rank, each with ``age_seconds`` (from the file's mtime)."""
+    now = time.time() if now is None else now
+    reports: dict[str, dict[str, Any]] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return reports
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8") as file:
+                report = json.load(file)
+            age = max(0.0, now - os.stat(path).st_mtime)
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict) and isinstance(report.get("step"), int):
+            report = {k: report[k] for k in PROGRESS_REPORT_KEYS if k in report}
+            reports[name[len("rank-"):-len(".json")]] = {**report, "age_seconds": round(age, 3)}
+    return reports
 
 
 # spec.launcher: who starts the pod's nprocPerNode training processes (docs/launch-styles.md).

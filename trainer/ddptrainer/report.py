@@ -68,30 +68,6 @@ def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Opti
     return True
 
 
-def read_reports(directory: str, now: Optional[float] = None) -> dict[str, dict[str, Any]]:
-    """The reports in ``directory`` by rank, each with ``age_seconds`` (from the file's mtime)."""
-    now = time.time() if now is None else now
-    reports: dict[str, dict[str, Any]] = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return reports
-    for name in names:
-        if not (name.startswith("rank-") and name.endswith(".json")):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            with open(path, encoding="utf-8") as file:
-                report = json.load(file)
-            age = max(0.0, now - os.stat(path).st_mtime)
-        except (OSError, ValueError):
-            continue
-        if isinstance(report, dict) and isinstance(report.get("step"), int):
-            report = {k: report[k] for k in contract.PROGRESS_REPORT_KEYS if k in report}
-            reports[name[len("rank-"):-len(".json")]] = {**report, "age_seconds": round(age, 3)}
-    return reports
-
-
 def serve_progress(directory: str, port: int, host: str = "0.0.0.0") -> Optional[ThreadingHTTPServer]:
     """Serve ``GET /progress`` on ``port`` from a daemon thread; None if the port is taken."""
 
@@ -100,7 +76,7 @@ def serve_progress(directory: str, port: int, host: str = "0.0.0.0") -> Optional
             if self.path.split("?")[0] != contract.PROGRESS_PATH:
                 self.send_error(404)
                 return
-            body = json.dumps({"ranks": read_reports(directory)}).encode()
+            body = json.dumps({"ranks": contract.read_progress_reports(directory)}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

@@ -38,7 +38,7 @@ from ddpjob.api.status import (
     CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, NODE_MESSAGE_LIMIT, PENDING, RESTARTING, RUNNING,
     SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState,
 )
-from ddpjob.controller import progress as progress_reports
+from ddpjob.api import progress as progress_reports
 from ddpjob.controller.status import format_time, parse_time, shorten, terminal_reason, truncate, with_phase
 
 # Failure reasons after which the job's pods are always released, whatever cleanPodPolicy says:

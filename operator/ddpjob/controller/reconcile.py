@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob.controller import builders
-from ddpjob.controller import progress as progress_reports
+from ddpjob.api import progress as progress_reports
+from ddpjob.controller.progress import poll_pods
 from ddpjob.api import spec
 from ddpjob.controller.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
 from ddpjob.controller.kube import ApiError, KubeApi
@@ -84,7 +85,7 @@ def reconcile(
         plan = decide_invalid(status, f"invalid spec: {exc}", pods, now, uid=meta.get("uid"),
                               generation=meta.get("generation"))
     else:
-        progress = _poll_progress(job, status, pods, memory, settings, now, poll or progress_reports.poll_pods)
+        progress = _poll_progress(job, status, pods, memory, settings, now, poll or poll_pods)
         plan = decide(job, status, pods, now, generation=meta.get("generation"),
                       created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
                       creation_errors=memory.refused.get(status.restartAttempt, {}),
