@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob.api.progress import RankReport, parse_answer
+from ddpjob.controller import metrics
 
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ddpjob-progress")
 
@@ -35,6 +36,7 @@ def poll_pods(ips: Sequence[str], port: int, timeout: float,
     """Every pod at once; each answer stamped with the time it came back."""
     def ask(ip: str) -> dict[int, RankReport]:
         body = fetch(ip, port, timeout)
+        metrics.PROGRESS_POLLS.labels("yes" if body is not None else "no").inc()
         observed = now() if now else dt.datetime.now(dt.timezone.utc)
         return parse_answer(body, observed) if body is not None else {}
 

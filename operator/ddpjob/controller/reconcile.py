@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob.controller import builders
+from ddpjob.controller import metrics
 from ddpjob.api import progress as progress_reports
 from ddpjob.controller.progress import poll_pods
 from ddpjob.api import spec
@@ -95,6 +96,7 @@ def reconcile(
         if plan.status.phase == RUNNING and memory.next_poll is not None:
             requeue = _soonest(requeue, (memory.next_poll - now).total_seconds())
     except ApiError as exc:
+        metrics.RECONCILE_ERRORS.labels("api").inc()
         delay = _report_error(body, exc, memory, kube, settings, post_event)
         if delay is not None and memory.refused.get(plan.attempt) and exc.what.startswith("create pod"):
             # Pods refused for now (a quota): ask again soon, so that a lifted quota is noticed
@@ -103,6 +105,7 @@ def reconcile(
         return delay
     except Exception as exc:  # a bug must reach the user too, not only the operator's log
         logger.exception("%s: reconcile failed", meta.get("name"))
+        metrics.RECONCILE_ERRORS.labels("bug").inc()
         return _report_error(body, ApiError(0, type(exc).__name__, str(exc), "reconcile"),
                              memory, kube, settings, post_event)
     memory.consecutive_errors, memory.last_error = 0, ""
@@ -167,10 +170,13 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
             # Progress alone is rate-limited per job; the next pass past the interval writes it.
             memory.status = old
             deferred = settings.progress_status_interval_seconds - since
+            metrics.PROGRESS_WRITES_DEFERRED.inc()
         else:
             _write_status(body, plan.status, memory, kube)
             if plan.status.progress != old.progress:
                 memory.progress_written = now
+            if plan.status.restarts > old.restarts:
+                metrics.GANG_RESTARTS.labels(plan.status.reason).inc()
     else:
         memory.status = old
     for event in plan.events:
