@@ -39,14 +39,14 @@ def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
     before = scrape()
     name = "progress"
     e2e.create(ddpjob_manifest(name, e2e.image, env=ONE_THREAD_ENV,
-                               args=[*TINY_TRAINING_ARGS, "--fake-size=64000", "--batch-size=16",
+                               args=[*TINY_TRAINING_ARGS, "--fake-size=320000", "--batch-size=16",
                                      "--epochs=1", "--log-every=5"]))
     running = e2e.wait_for_status(
         name, lambda s: s.get("phase") == "Running" and (s.get("progress") or {}).get("ranksReporting") == 2,
         TIMEOUT, what="status.progress from both ranks")
     progress = running["progress"]
-    assert re.fullmatch(r"\d+/2000 \(\d+%\)", progress["summary"]), progress
-    assert progress["totalSteps"] == 2000 and progress["epochs"] == 1 and progress["lastReportTime"], progress
+    assert re.fullmatch(r"\d+/10000 \(\d+%\)", progress["summary"]), progress
+    assert progress["totalSteps"] == 10000 and progress["epochs"] == 1 and progress["lastReportTime"], progress
     moved = e2e.wait_for_status(name, lambda s: (s.get("progress") or {}).get("step", 0) > progress["step"],
                                 TIMEOUT, what="a later step")
     assert moved["progress"]["step"] > progress["step"]

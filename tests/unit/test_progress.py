@@ -227,3 +227,16 @@ def test_the_pod_serves_its_ranks_reports_over_http(tmp_path):
         assert fetch("127.0.0.1", port, 5)["ranks"]["0"]["step"] == 4
     finally:
         server.shutdown()
+
+
+def test_the_pass_that_sees_the_gang_start_running_asks_for_a_poll_at_once():
+    kube, memory, fake = FakeKube(), JobMemory(), FakePods()
+    fake.now = NOW
+    pending = with_phase(JobStatus(nnodes=2), "Pending", "PodsCreated", "", at(-10), created=True)
+    obj = body(status=pending.to_dict())
+    requeue = reconcile(obj, pods(), memory, kube=kube, settings=OperatorSettings(), post_event=lambda e: None,
+                        now=NOW, parse=parse, poll=fake)
+    assert kube.status["phase"] == "Running" and requeue == 0 and fake.calls == []
+    reconcile(obj, pods(), memory, kube=kube, settings=OperatorSettings(), post_event=lambda e: None,
+              now=at(0.2), parse=parse, poll=fake)
+    assert len(fake.calls) == 1 and kube.status["progress"]["step"] == 10

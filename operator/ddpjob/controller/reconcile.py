@@ -93,7 +93,9 @@ def reconcile(
                       force_delete_after=settings.force_delete_after_seconds, progress=progress)
     try:
         requeue = _act(body, job, status, plan, memory, kube, post_event, now, settings)
-        if plan.status.phase == RUNNING and memory.next_poll is not None:
+        if plan.status.phase == RUNNING:
+            if memory.next_poll is None:  # the gang just started running: ask at the next pass
+                memory.next_poll = now
             requeue = _soonest(requeue, (memory.next_poll - now).total_seconds())
     except ApiError as exc:
         metrics.RECONCILE_ERRORS.labels("api").inc()
