@@ -26,7 +26,8 @@ def test_every_rank_reports_and_the_pod_entry_point_serves_the_reports(mp, tmp_p
     folder = tmp_path / "progress"
     env = {**trainer_env, "PET_NPROC_PER_NODE": "2", contract.DDPJOB_PROGRESS_DIR: str(folder),
            contract.DDPJOB_PROGRESS_PORT: str(port)}
-    proc = mp.start(mp.pod_entry(*mp.TINY, "--fake-size", "1600", "--epochs", "1"), env, tmp_path / "log")
+    proc = mp.start(mp.pod_entry(*mp.TINY, "--fake-size", "1600", "--epochs", "1",
+                                 "--checkpoint-dir", str(tmp_path / "checkpoints")), env, tmp_path / "log")
     try:
         deadline, ranks = time.monotonic() + 120, {}
         while time.monotonic() < deadline and proc.poll() is None:

@@ -58,8 +58,9 @@ class GangProgress:
 
     @property
     def leader(self) -> Optional[RankReport]:
-        """The report the status shows: the furthest rank's (the lowest rank among equals)."""
-        return min(self.ranks.values(), key=lambda r: (-r.step, r.rank), default=None)
+        """The report the status shows: the furthest rank's (the lowest rank among equals); a
+        real rank's before what ``from_status`` seeded."""
+        return min(self.ranks.values(), key=lambda r: (r.rank < 0, -r.step, r.rank), default=None)
 
 
 def _opt_int(value: Any) -> Optional[int]:
