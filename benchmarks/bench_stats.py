@@ -124,6 +124,7 @@ class JobObs:
     restarts: int
     ready: int
     nodes: tuple[tuple[int, str, str], ...]  # (nodeRank, pod, phase)
+    progress_step: Optional[int] = None  # status.progress.step, once the job reports
 
 
 def pod_obs(t: float, event: str, pod: Mapping[str, Any]) -> Optional[PodObs]:
@@ -151,7 +152,7 @@ def job_obs(t: float, event: str, job: Mapping[str, Any]) -> JobObs:
     return JobObs(t=t, event=event, name=(job.get("metadata") or {}).get("name", ""),
                   phase=status.get("phase") or "", attempt=int(status.get("restartAttempt") or 0),
                   restarts=int(status.get("restarts") or 0), ready=int(status.get("readyNodes") or 0),
-                  nodes=nodes)
+                  nodes=nodes, progress_step=(status.get("progress") or {}).get("step"))
 
 
 def first_seen(pods: Iterable[PodObs], predicate) -> dict[str, float]:

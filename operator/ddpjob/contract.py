@@ -26,7 +26,10 @@ Meanings chosen (the peers disagree, see docs/contract.md):
 from __future__ import annotations
 
 import enum
-from typing import Mapping
+import json
+import os
+import time
+from typing import Any, Mapping, Optional
 
 # ---------------------------------------------------------------------------------------------
 # Version and defaults
@@ -74,6 +77,50 @@ DDPJOB_LAUNCHER = "DDPJOB_LAUNCHER"
 DDPJOB_LOCAL_RANK_FLAG = "DDPJOB_LOCAL_RANK_FLAG"
 #: Not set by the operator: ``0`` in spec.env turns the pod entry point's init guard off.
 DDPJOB_INIT_GUARD = "DDPJOB_INIT_GUARD"
+#: Progress reporting (docs/contract.md, "Progress"): each training process writes its latest
+#: progress to ``<DDPJOB_PROGRESS_DIR>/rank-<RANK>.json``; the pod entry point serves the
+#: directory's reports at ``GET http://<pod IP>:<DDPJOB_PROGRESS_PORT>/progress``, which the
+#: operator polls. No Kubernetes credentials in the pod.
+DDPJOB_PROGRESS_DIR = "DDPJOB_PROGRESS_DIR"
+DDPJOB_PROGRESS_PORT = "DDPJOB_PROGRESS_PORT"
+
+# Progress reporting: where the reports go in the pod, and where the pod serves them.
+DEFAULT_PROGRESS_DIR = "/dev/shm/ddpjob-progress"  # /dev/shm: the writable memory volume every pod has
+DEFAULT_PROGRESS_PORT = 29400
+PROGRESS_PATH = "/progress"
+#: The keys of one report (a JSON object, one file per rank); only ``step`` is required.
+#: ``throughput`` is in samples per second; ``time`` is the writer's Unix time.
+PROGRESS_REPORT_KEYS = ("step", "total_steps", "epoch", "epochs", "loss", "throughput", "time")
+
+
+def progress_file_name(rank: int) -> str:
+    """The file one training process (global rank ``rank``) writes its reports to."""
+    return f"rank-{int(rank)}.json"
+
+
+def read_progress_reports(directory: str, now: Optional[float] = None) -> dict[str, dict[str, Any]]:
+    """The reports in ``directory`` by rank, each with ``age_seconds`` (from the file's mtime)."""
+    now = time.time() if now is None else now
+    reports: dict[str, dict[str, Any]] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return reports
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8") as file:
+                report = json.load(file)
+            age = max(0.0, now - os.stat(path).st_mtime)
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict) and isinstance(report.get("step"), int):
+            report = {k: report[k] for k in PROGRESS_REPORT_KEYS if k in report}
+            reports[name[len("rank-"):-len(".json")]] = {**report, "age_seconds": round(age, 3)}
+    return reports
+
 
 # spec.launcher: who starts the pod's nprocPerNode training processes (docs/launch-styles.md).
 #: The pod entry point starts nprocPerNode copies of the script with torchrun (the default).
@@ -94,7 +141,7 @@ RESERVED_ENV_NAMES = frozenset(
         PET_MAX_RESTARTS, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK,
         LOCAL_WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE, DDPJOB_NAME, DDPJOB_NAMESPACE,
         DDPJOB_RESTART_ATTEMPT, DDPJOB_DEVICE, DDPJOB_CONTRACT_VERSION, DDPJOB_LAUNCHER,
-        DDPJOB_LOCAL_RANK_FLAG,
+        DDPJOB_LOCAL_RANK_FLAG, DDPJOB_PROGRESS_DIR, DDPJOB_PROGRESS_PORT,
     }
 )
 RESERVED_ENV_PREFIX = "PET_"
@@ -114,6 +161,8 @@ def node_environment(
     rendezvous_timeout_seconds: int,
     launcher: str = LAUNCHER_TORCHRUN,
     local_rank_flag: str | None = None,
+    progress_dir: str = DEFAULT_PROGRESS_DIR,
+    progress_port: int = DEFAULT_PROGRESS_PORT,
 ) -> dict[str, str]:
     """The environment of one node (one pod), in a stable order.
 
@@ -145,6 +194,8 @@ def node_environment(
         DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS: str(rendezvous_timeout_seconds),
         DDPJOB_CONTRACT_VERSION: CONTRACT_VERSION,
         DDPJOB_LAUNCHER: launcher,
+        DDPJOB_PROGRESS_DIR: progress_dir,
+        DDPJOB_PROGRESS_PORT: str(progress_port),
     }
     if local_rank_flag:
         env[DDPJOB_LOCAL_RANK_FLAG] = local_rank_flag

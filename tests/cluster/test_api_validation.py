@@ -253,23 +253,32 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
     kubectl.apply_yaml(job)
     kubectl("patch", "ddpjob", "columns", "-n", namespace, "--subresource=status", "--type=merge",
             "-p", json.dumps({"status": {"phase": "Running", "ready": "1/2", "restarts": 1,
-                                         "reason": "ColumnsTest"}}))
+                                         "reason": "ColumnsTest",
+                                         "progress": {"summary": "42/100 (42%)", "eta": "1m20s", "step": 42,
+                                                      "epoch": 2, "loss": 0.5, "throughput": 80.5}}}))
 
     header = kubectl("get", "ddpjobs", "-n", namespace).stdout.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "READY", "RESTARTS", "AGE"]
+    assert header == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE"]
     wide = kubectl("get", "ddpj", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "REASON", "AGE"]
+    assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "EPOCH", "LOSS",
+                               "THROUGHPUT", "REASON", "AGE"]
     assert wide[1].split()[0] == "columns"
 
     table = _table(cluster.api_client, namespace)
     columns = [c["name"] for c in table["columnDefinitions"]]
-    assert columns == ["Name", "Phase", "Ready", "Restarts", "Reason", "Age"]
+    assert columns == ["Name", "Phase", "Ready", "Restarts", "Progress", "ETA", "Epoch", "Loss", "Throughput",
+                       "Reason", "Age"]
     [row] = table["rows"]
     cells = dict(zip(columns, row["cells"]))
     status = row["object"].get("status", {})
     assert cells["Name"] == "columns"
     assert (cells["Phase"], cells["Ready"], cells["Restarts"], cells["Reason"]) == (
         status.get("phase"), status.get("ready"), status.get("restarts"), status.get("reason"))
+    progress = status.get("progress", {})
+    assert progress.get("summary") == "42/100 (42%)"  # kept, whoever wrote the status last
+    assert (cells["Progress"], cells["Epoch"], cells["Loss"], cells["Throughput"]) == (
+        "42/100 (42%)", 2, 0.5, 80.5)
+    assert (cells["ETA"] or "") == progress.get("eta", "")  # the operator clears it unless Running
     assert cells["Phase"] in ("Running", "Suspended")  # ours, or the operator's if it runs
     assert re.fullmatch(r"\d+[smhd]", cells["Age"]), cells["Age"]
 

@@ -68,7 +68,8 @@ def test_container_defaults():
     assert c["name"] == "trainer" and c["image"] == "registry/trainer:1" and c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == list(contract.DEFAULT_POD_COMMAND) and c["args"] == ["--epochs", "2"]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert c["ports"] == [{"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"}]
+    assert c["ports"] == [{"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"},
+                          {"name": "progress", "containerPort": 29400, "protocol": "TCP"}]
     custom = builders.build_pod(make_job(command=("torchrun", "train.py")), 0, 0)["spec"]["containers"][0]
     assert custom["command"] == ["torchrun", "train.py"]
 

@@ -87,7 +87,10 @@ def test_printer_columns_read_status_fields_not_conditions():
     [version] = crd.build_crd()["spec"]["versions"]
     columns = [(c["name"], c["jsonPath"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
     assert columns == [("Phase", ".status.phase", 0), ("Ready", ".status.ready", 0),
-                       ("Restarts", ".status.restarts", 0), ("Reason", ".status.reason", 1),
+                       ("Restarts", ".status.restarts", 0), ("Progress", ".status.progress.summary", 0),
+                       ("ETA", ".status.progress.eta", 0), ("Epoch", ".status.progress.epoch", 1),
+                       ("Loss", ".status.progress.loss", 1), ("Throughput", ".status.progress.throughput", 1),
+                       ("Reason", ".status.reason", 1),
                        ("Age", ".metadata.creationTimestamp", 0)]
 
 
@@ -96,7 +99,11 @@ def test_status_schema_is_the_one_in_the_design_notes():
     props = status["properties"]
     assert list(props) == ["phase", "reason", "message", "ready", "readyNodes", "nnodes", "restarts",
                            "restartAttempt", "podSpecHash", "startTime", "completionTime", "observedGeneration",
-                           "failedNode", "nodes", "conditions"]
+                           "failedNode", "progress", "nodes", "conditions"]
+    assert list(props["progress"]["properties"]) == [
+        "summary", "eta", "step", "totalSteps", "epoch", "epochs", "loss", "throughput", "etaSeconds",
+        "lastReportTime", "ranksReporting", "attempt"]
+    assert props["progress"]["properties"]["loss"]["type"] == "number"
     assert props["phase"]["enum"] == ["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
     assert list(props["failedNode"]["properties"]) == ["nodeRank", "pod", "exitCode", "reason", "message"]
     assert list(props["nodes"]["items"]["properties"]) == ["nodeRank", "pod", "phase", "ready", "exitCode",

@@ -48,7 +48,8 @@ def test_each_node_gets_the_pod_contract_on_loopback():
     env = env_for(job, rank=1, port=41234, attempt=2)
     expected = contract.node_environment(
         job_name="demo", namespace="team-a", master_addr="127.0.0.1", master_port=41234, nnodes=3,
-        nproc_per_node=2, node_rank=1, restart_attempt=2, device="cpu", rendezvous_timeout_seconds=120)
+        nproc_per_node=2, node_rank=1, restart_attempt=2, device="cpu", rendezvous_timeout_seconds=120,
+        progress_dir="/scratch/progress-attempt-2", progress_port=0)
     assert {k: env[k] for k in expected} == expected
     assert (env["RANK"], env["WORLD_SIZE"], env["PET_NODE_RANK"], env["MASTER_PORT"]) == ("2", "6", "1", "41234")
 

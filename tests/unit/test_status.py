@@ -17,7 +17,8 @@ T1 = T0 + dt.timedelta(minutes=5)
 
 # Exactly the fields docs/DESIGN-NOTES.md declares (the CRD declares them too).
 DESIGN_FIELDS = {"phase", "reason", "message", "ready", "readyNodes", "nnodes", "restarts", "restartAttempt",
-                 "podSpecHash", "startTime", "completionTime", "observedGeneration", "failedNode", "nodes", "conditions"}
+                 "podSpecHash", "startTime", "completionTime", "observedGeneration", "failedNode", "progress",
+                 "nodes", "conditions"}
 
 
 def test_ready_is_ready_nodes_over_nodes():

@@ -44,7 +44,7 @@ from typing import Any, Mapping, NoReturn, Optional, Sequence
 from ddpjob import contract
 from ddpjob.contract import ExitCode
 
-from . import init_guard, summary
+from . import init_guard, report, summary
 from .rendezvous_wait import MasterUnreachable, wait_for_master
 
 PROG = "ddptrain-pod"
@@ -317,6 +317,7 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         mismatch = contract_mismatch(env)
         if mismatch:
             _log(mismatch)
+        _serve_progress(env)
         if node.node_rank != 0 and node.master_addr:
             waited = wait_for_master(node.master_addr, node.master_port,
                                      node.rendezvous_timeout_seconds, _log)
@@ -347,6 +348,24 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
     summary.write_termination_message(f"{PROG}: node {node_rank}: exit {code}: {message}",
                                       path, explicit)
     return code
+
+
+def _serve_progress(env: Mapping[str, str]) -> None:
+    """Serve the workers' progress reports for the operator to poll (docs/contract.md)."""
+    directory = env.get(contract.DDPJOB_PROGRESS_DIR)
+    try:
+        port = int(env.get(contract.DDPJOB_PROGRESS_PORT) or 0)
+    except ValueError:
+        port = 0
+    if not directory or port <= 0:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        _log(f"progress reports are off: cannot create {directory}: {e}")
+        return
+    if report.serve_progress(directory, port) is None:
+        _log(f"progress reports are off: port {port} is taken")
 
 
 def _guard_verdict(code: int, message: str, summary_dir: Optional[str]) -> tuple[int, str]:

@@ -33,6 +33,7 @@ from .evaluate import EvalResult, Evaluator
 from .models import build_model
 from .preemption import StopAgreement, StopRequest
 from .progress import Progress, eta_seconds
+from .report import report_progress
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Trainer:
         self.last_saved_step: Optional[int] = None
         self.last_checkpoint: Optional[str] = None
         self.last_loss: Optional[float] = None
+        self.last_throughput: Optional[float] = None  # samples per second, last log window
         self.resumed_from: Optional[str] = None
         self.writer = checkpoint.BackgroundWriter()
         problem, newest = checkpoint.prepare_folder(ctx, config.checkpoint_dir)
@@ -206,6 +208,11 @@ class Trainer:
         return self.last_eval[1]
 
     # ------------------------------------------------------------------ the loop
+    def _report(self, force: bool = False) -> None:
+        """This rank's progress for the operator (docs/contract.md, "Progress")."""
+        report_progress(self.step, self.total_steps, epoch=self.epoch + 1, epochs=self.config.epochs,
+                        loss=self.last_loss, throughput=self.last_throughput, force=force)
+
     def run(self) -> TrainResult:
         c, ctx = self.config, self.ctx
         started = time.perf_counter()
@@ -222,6 +229,7 @@ class Trainer:
         if self.step >= self.total_steps:
             self.progress.note(f"nothing left to train: step={self.step} >= "
                                f"total_steps={self.total_steps}")
+        self._report(force=True)  # the first report: every rank got through init
         window_sum = torch.zeros((), device=ctx.device)
         window_steps, data_wait = 0, 0.0
         window_start = time.perf_counter()
@@ -243,7 +251,10 @@ class Trainer:
                 self.step += 1
                 # Every rank's batch has the same size (the sampler pads the shards equally).
                 self.epoch_samples += len(batch[1]) * ctx.world_size
-                if self.step % c.log_every == 0 or self.step == self.total_steps:
+                log_step = self.step % c.log_every == 0 or self.step == self.total_steps
+                if not log_step:  # every rank, throttled: the operator's stall detection
+                    self._report()
+                if log_step:
                     self.last_loss = self._mean_loss(window_sum, window_steps)
                     now = time.perf_counter()
                     per_step = (now - window_start) / window_steps
@@ -254,6 +265,8 @@ class Trainer:
                         eta_seconds=eta_seconds(self.total_steps - self.step, per_step),
                         world_size=ctx.world_size,
                         data_wait_fraction=data_wait / max(now - window_start, 1e-9))
+                    self.last_throughput = c.batch_size * ctx.world_size / per_step
+                    self._report(force=True)
                     window_sum.zero_()
                     window_steps, data_wait, window_start = 0, 0.0, time.perf_counter()
                 if c.checkpoint_every and self.step % c.checkpoint_every == 0:

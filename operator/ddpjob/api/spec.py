@@ -139,6 +139,18 @@ class FailurePolicy:
         "trainer's bad-configuration (2) and data-missing (3) codes, and 126/127.",
         default=contract.DEFAULT_PERMANENT_EXIT_CODES, minimum=1, maximum=255, max_items=64,
         unique_items=True)
+    progressTimeoutSeconds: Optional[int] = spec_field(
+        "Hang detection: once a rank has reported progress (docs/contract.md, Progress), the "
+        "longest the job may go without any rank reporting progress. Then the gang counts as "
+        "failed (reason Stalled, retryable): it restarts from its last checkpoint and the "
+        "restart counts against maxRestarts. Unset: no limit.",
+        default=None, minimum=1, maximum=86400 * 7)
+    firstProgressTimeoutSeconds: Optional[int] = spec_field(
+        "Hang detection before the first report: the longest from every pod Running to the "
+        "first progress report of the attempt (a rendezvous or an init that never completes). "
+        "Then the gang counts as failed, as for progressTimeoutSeconds. Set it only for "
+        "programs that report progress. Unset: no limit.",
+        default=None, minimum=1, maximum=86400 * 7)
 
 
 @dataclass(frozen=True)

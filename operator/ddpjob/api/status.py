@@ -106,6 +106,48 @@ class FailedNode:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """Training progress as the ranks last reported it (``status.progress``)."""
+
+    summary: str = status_field("<step>/<totalSteps> (<percent>%), for kubectl get.", default="")
+    eta: str = status_field("Estimated time left while Running (e.g. 1h05m), for kubectl get.",
+                            default="")
+    step: int = status_field("The highest step any rank reported.", default=0)
+    totalSteps: Optional[int] = status_field("Steps of the whole run, if reported.")
+    epoch: Optional[int] = status_field("Current epoch (from 1), if reported.")
+    epochs: Optional[int] = status_field("Epochs of the run, if reported.")
+    loss: Optional[float] = status_field("The last loss reported.")
+    throughput: Optional[float] = status_field("Samples per second, as last reported.")
+    etaSeconds: Optional[int] = status_field("Seconds left at the current pace, while Running.")
+    lastReportTime: Optional[str] = status_field(
+        "When a rank last reported progress (the operator's clock).", format="date-time")
+    ranksReporting: int = status_field("Ranks that have reported in this attempt.", default=0)
+    attempt: int = status_field("The attempt the reports come from.", default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key in ("summary", "eta", "step", "totalSteps", "epoch", "epochs", "loss", "throughput",
+                    "etaSeconds", "lastReportTime", "ranksReporting", "attempt"):
+            value = getattr(self, key)
+            if value is not None and value != "":
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Progress":
+        def opt(key: str, kind: type) -> Any:
+            value = data.get(key)
+            return None if value is None else kind(value)
+
+        return cls(summary=str(data.get("summary", "")), eta=str(data.get("eta", "")),
+                   step=int(data.get("step", 0)), totalSteps=opt("totalSteps", int),
+                   epoch=opt("epoch", int), epochs=opt("epochs", int), loss=opt("loss", float),
+                   throughput=opt("throughput", float), etaSeconds=opt("etaSeconds", int),
+                   lastReportTime=data.get("lastReportTime") or None,
+                   ranksReporting=int(data.get("ranksReporting", 0)), attempt=int(data.get("attempt", 0)))
+
+
+@dataclass(frozen=True)
 class Condition:
     type: str = status_field("One of " + ", ".join(CONDITION_TYPES) + ".", default="")
     status: str = status_field("True, False or Unknown.", default="Unknown",
@@ -133,7 +175,7 @@ class JobStatus:
     phase: str = status_field("Where the job is.", default="", enum=PHASES)
     reason: str = status_field(
         "CamelCase machine reason for the phase, e.g. PodFailedPermanent, StartupTimeout, "
-        "RestartBudgetExhausted, DeadlineExceeded, ReconcileError, AllNodesSucceeded.", default="")
+        "Stalled, RestartBudgetExhausted, DeadlineExceeded, ReconcileError, AllNodesSucceeded.", default="")
     message: str = status_field("One human sentence about the phase.", default="")
     readyNodes: int = status_field("Pods Running with all containers started.", default=0)
     nnodes: int = status_field("Nodes (pods) of the job.", default=0)
@@ -148,6 +190,8 @@ class JobStatus:
     completionTime: Optional[str] = status_field("When the job Succeeded or Failed.", format="date-time")
     observedGeneration: Optional[int] = status_field("The metadata.generation the status describes.")
     failedNode: Optional[FailedNode] = status_field("The node whose failure decided the outcome.")
+    progress: Optional[Progress] = status_field(
+        "Training progress, when the program reports it (docs/contract.md, Progress).")
     nodes: tuple[NodeState, ...] = status_field("One entry per node.", default=())
     conditions: tuple[Condition, ...] = status_field(
         "Conditions of types " + ", ".join(CONDITION_TYPES) + ".", default=())
@@ -188,6 +232,7 @@ class JobStatus:
             "completionTime": self.completionTime,
             "observedGeneration": self.observedGeneration,
             "failedNode": self.failedNode.to_dict() if self.failedNode else None,
+            "progress": self.progress.to_dict() if self.progress else None,
             "nodes": [n.to_dict() for n in self.nodes],
             "conditions": [c.to_dict() for c in self.conditions],
         }
@@ -196,6 +241,7 @@ class JobStatus:
     def from_dict(cls, data: Optional[Mapping[str, Any]]) -> "JobStatus":
         data = data or {}
         failed = data.get("failedNode")
+        progress = data.get("progress")
         return cls(
             phase=str(data.get("phase") or ""),
             reason=str(data.get("reason") or ""),
@@ -209,6 +255,7 @@ class JobStatus:
             completionTime=data.get("completionTime") or None,
             observedGeneration=data.get("observedGeneration"),
             failedNode=FailedNode.from_dict(failed) if failed else None,
+            progress=Progress.from_dict(progress) if progress else None,
             nodes=tuple(NodeState.from_dict(n) for n in data.get("nodes") or ()),
             conditions=tuple(Condition.from_dict(c) for c in data.get("conditions") or ()),
         )

@@ -15,6 +15,7 @@ from ddpjob.api import spec
 CONTAINER_NAME = names.CONTAINER_NAME
 SHM_VOLUME = names.SHM_VOLUME_NAME  # the schema refuses a template volume of this name
 RENDEZVOUS_PORT_NAME = names.RENDEZVOUS_PORT_NAME
+PROGRESS_PORT_NAME = "progress"
 
 # The "restricted" Pod Security profile, split as the API wants it. The pod-level part is
 # replaced as a whole when the template supplies its own securityContext (the user then owns
@@ -128,7 +129,10 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
         "command": list(s.command) if s.command else list(contract.DEFAULT_POD_COMMAND),
         "args": list(s.args),
         "env": pod_environment(job, node_rank, attempt),
-        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": s.masterPort, "protocol": "TCP"}],
+        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": s.masterPort, "protocol": "TCP"},
+                  # The pod entry point serves the ranks' progress here; the operator polls it.
+                  {"name": PROGRESS_PORT_NAME, "containerPort": contract.DEFAULT_PROGRESS_PORT,
+                   "protocol": "TCP"}],
         "resources": container_resources(job),
         # DataLoader workers need more than the 64 MiB default /dev/shm (peers' pain point 10).
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]

@@ -38,6 +38,7 @@ from ddpjob.api.status import (
     CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, NODE_MESSAGE_LIMIT, PENDING, RESTARTING, RUNNING,
     SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState,
 )
+from ddpjob.api import progress as progress_reports
 from ddpjob.controller.status import format_time, parse_time, shorten, terminal_reason, truncate, with_phase
 
 # Failure reasons after which the job's pods are always released, whatever cleanPodPolicy says:
@@ -47,6 +48,7 @@ POD_SUCCEEDED = "Succeeded"
 POD_FAILED = "Failed"
 POD_RUNNING = "Running"
 MISSING = "Deleted"  # the phase and reason recorded for a pod deleted from under the job
+STALLED = "Stalled"  # no progress reported for longer than failurePolicy allows
 _LISTED_PODS = 5  # pods named in a message before "and N more"
 _DETAIL_LIMIT = 300  # characters of one reason (a scheduler verdict, an API error) in a message
 
@@ -78,6 +80,7 @@ class PodView:
     waiting_message: str = ""
     unschedulable: str = ""  # the scheduler's word when PodScheduled is False
     disruption: str = ""  # the DisruptionTarget condition's reason (eviction, preemption)
+    pod_ip: str = ""  # status.podIP: where the pod serves its progress reports
 
     @property
     def deleting(self) -> bool:
@@ -136,6 +139,7 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         waiting_message=str(waiting.get("message") or ""),
         unschedulable=unschedulable,
         disruption=disruption,
+        pod_ip=str(status.get("podIP") or ""),
     )
 
 
@@ -225,6 +229,7 @@ def decide(
     created_ranks: frozenset[int] = frozenset(),
     creation_errors: Optional[Mapping[int, str]] = None,
     force_delete_after: float = 60.0,
+    progress: Optional[progress_reports.GangProgress] = None,
 ) -> Plan:
     """The next step for ``job``.
 
@@ -232,6 +237,8 @@ def decide(
     attempt this operator process created but may not have observed yet (so it does not POST
     them again while the watch catches up). ``creation_errors``: why the API server refused
     to create ranks of the current attempt (a ResourceQuota, say), to name in the status.
+    ``progress``: what the ranks of the current attempt reported (controller.progress), for
+    status.progress and hang detection (failurePolicy.progressTimeoutSeconds).
     """
     status = replace(status, observedGeneration=generation if generation is not None else status.observedGeneration)
     status = _adopt_newer_attempt(job, status, pods, now)
@@ -254,8 +261,12 @@ def decide(
     elif not status.is_true(CREATED):
         plan = _create_gang(job, status, pods, now)
     else:
-        plan = _watch_gang(job, status, pods, now, created_ranks, creation_errors or {})
+        plan = _watch_gang(job, status, pods, now, created_ranks, creation_errors or {}, progress)
 
+    if plan.status.phase != RUNNING and plan.status.progress is not None and plan.status.progress.eta:
+        # An estimate of time left means nothing while the gang is not training.
+        plan = replace(plan, status=replace(plan.status, progress=replace(
+            plan.status.progress, eta="", etaSeconds=None)))
     if plan.status.phase not in (SUCCEEDED, FAILED, SUSPENDED):
         plan = replace(plan, requeue_after=_earliest(plan.requeue_after, _deadline_left(job, plan.status, now)))
     return replace(plan, force_delete=force, requeue_after=_earliest(plan.requeue_after, force_due))
@@ -440,7 +451,8 @@ def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[_Failure]:
 
 
 def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
-                created_ranks: frozenset[int], creation_errors: Mapping[int, str]) -> Plan:
+                created_ranks: frozenset[int], creation_errors: Mapping[int, str],
+                progress: Optional[progress_reports.GangProgress] = None) -> Plan:
     # The attempt keeps the shape it was created with (status.nnodes, status.podSpecHash): a
     # spec changed under it (an older CRD, a bypassed validation) is for the next attempt.
     nnodes, attempt = status.nnodes, status.restartAttempt
@@ -502,7 +514,15 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         message = f"{running_now}/{nnodes} node(s) running" + (f", {succeeded} succeeded" if succeeded else "") + note
         events = () if status.phase == RUNNING else (Event("Normal", "Running", f"All {nnodes} node(s) running (attempt {attempt})"),)
         running = replace(with_phase(observed, RUNNING, "AllNodesRunning", message, now), failedNode=None)
-        return Plan(status=running, delete=stray_deletes, events=events)
+        since = status.condition(RUNNING) if status.phase == RUNNING else None
+        running_since = (parse_time(since.lastTransitionTime) if since else None) or now
+        stalled, stall_due = progress_reports.stall(job, progress, running_since, now)
+        if stalled is not None:
+            return _stalled(job, observed, pods, now, stalled)
+        if progress is not None:
+            running = replace(running, progress=progress_reports.to_status(
+                progress, running=True, format_time=format_time, previous=status.progress))
+        return Plan(status=running, delete=stray_deletes, events=events, requeue_after=stall_due)
 
     # Some nodes have not started: the startup clock runs from the attempt's creation.
     waiting = [p for p in current.values() if p.phase not in (POD_RUNNING, POD_SUCCEEDED)]
@@ -578,8 +598,18 @@ def _why_waiting(p: PodView) -> str:
     return p.phase
 
 
+def _stalled(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
+             stalled: progress_reports.Stall) -> Plan:
+    """No progress for longer than failurePolicy allows: a retryable failure of the whole gang
+    (a rank blocked in a collective holds every GPU of the job while its pods look healthy)."""
+    node = min(stalled.suspect_node, status.nnodes - 1)
+    failure = _Failure(node, names.node_pod_name(job.name, node), None, STALLED, stalled.message, now)
+    plan = _on_failure(job, status, pods, now, [failure], restart_reason=STALLED)
+    return replace(plan, events=(Event("Warning", STALLED, stalled.message),) + plan.events)
+
+
 def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
-                failures: list[_Failure]) -> Plan:
+                failures: list[_Failure], restart_reason: Optional[str] = None) -> Plan:
     by_rank = {f.rank: f for f in failures}
     ruling = failure_policy.verdict((f.as_node_failure() for f in failures),
                                     restarts_done=status.restarts, policy=job.spec.failurePolicy)
@@ -595,7 +625,7 @@ def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
     message = f"{first.describe()}; restart {restarts} of {budget}: deleting the gang"
     restarting = replace(status, restarts=restarts, restartAttempt=status.restartAttempt + 1,
                          failedNode=first.failed_node(), readyNodes=0)
-    restarting = with_phase(restarting, RESTARTING, ruling.reason, message, now, created=False,
+    restarting = with_phase(restarting, RESTARTING, restart_reason or ruling.reason, message, now, created=False,
                             created_reason="Restarting", created_message=message)
     event = Event("Warning", "Restarting",
                   f"{first.describe()}" + (f" [{first.reason}]" if first.reason else "")

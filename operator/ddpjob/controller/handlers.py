@@ -31,6 +31,7 @@ import kopf
 
 from ddpjob.api import names
 from ddpjob.controller.decide import Event, PodView, view_pod
+from ddpjob.controller import metrics
 from ddpjob.controller.kube import Kube
 from ddpjob.controller.settings import load_settings
 from ddpjob.controller.workqueue import JobKey, Runtime
@@ -79,7 +80,9 @@ RUNTIME = Runtime()
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     configure_kopf(settings)
-    RUNTIME.start(load_settings(), Kube.connect, _kopf_event)
+    operator_settings = load_settings()
+    RUNTIME.start(operator_settings, Kube.connect, _kopf_event)
+    metrics.serve(operator_settings.metrics_port)
 
 
 @kopf.on.cleanup()

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Protocol, Sequence
 
 from ddpjob.api import names
+from ddpjob.controller import metrics
 from ddpjob.controller.settings import OperatorSettings
 
 logger = logging.getLogger(__name__)
@@ -131,7 +133,9 @@ class Kube:
         try:
             response = self.api.call_api(*params, _request_timeout=self.settings.request_timeout_seconds)
         except Exception as exc:  # connection refused, timeout, TLS: the same path as an API error
+            metrics.API_REQUESTS.labels(method, "0").inc()
             raise ApiError(0, type(exc).__name__, str(exc), what) from exc
+        metrics.API_REQUESTS.labels(method, str(response.status)).inc()
         raw = response.read() or b"{}"
         try:
             data = json.loads(raw)
@@ -166,8 +170,10 @@ class Kube:
 
     def _create_pod(self, pod: dict) -> CreateOutcome:
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        started = time.perf_counter()
         try:
             self.request("POST", f"/api/v1/namespaces/{ns}/pods", pod, what=f"create pod {name}")
+            metrics.POD_CREATION_SECONDS.observe(time.perf_counter() - started)
         except ApiError as exc:
             if exc.already_exists:
                 return CreateOutcome(name, True)

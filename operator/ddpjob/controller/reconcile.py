@@ -12,12 +12,16 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from ddpjob import contract
 from ddpjob.controller import builders
+from ddpjob.controller import metrics
+from ddpjob.api import progress as progress_reports
+from ddpjob.controller.progress import poll_pods
 from ddpjob.api import spec
 from ddpjob.controller.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
 from ddpjob.controller.kube import ApiError, KubeApi
 from ddpjob.controller.settings import OperatorSettings
-from ddpjob.api.status import STATUS_MESSAGE_LIMIT, JobStatus
+from ddpjob.api.status import RUNNING, STATUS_MESSAGE_LIMIT, JobStatus
 from ddpjob.controller.status import shorten
 
 logger = logging.getLogger("ddpjob.controller.reconcile")
@@ -38,6 +42,12 @@ class JobMemory:
     parsed: Optional[tuple[Any, spec.DDPJob]] = None  # (generation, job)
     consecutive_errors: int = 0
     last_error: str = ""
+    progress: Optional[progress_reports.GangProgress] = None  # the current attempt's reports
+    next_poll: Optional[dt.datetime] = None  # when to ask the pods for progress again
+    progress_written: Optional[dt.datetime] = None  # the last status write for progress alone
+
+
+Poll = Callable[[Sequence[str], int, float], list]
 
 
 def default_parse(obj: Mapping[str, Any]) -> spec.DDPJob:
@@ -56,6 +66,7 @@ def reconcile(
     post_event: PostEvent,
     now: Optional[dt.datetime] = None,
     parse: Parse = default_parse,
+    poll: Optional[Poll] = None,
 ) -> Optional[float]:
     """Bring the job one step closer to its spec; returns seconds until a clock needs another
     pass (None: only a change will), or the retry backoff after an error."""
@@ -75,13 +86,19 @@ def reconcile(
         plan = decide_invalid(status, f"invalid spec: {exc}", pods, now, uid=meta.get("uid"),
                               generation=meta.get("generation"))
     else:
+        progress = _poll_progress(job, status, pods, memory, settings, now, poll or poll_pods)
         plan = decide(job, status, pods, now, generation=meta.get("generation"),
                       created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
                       creation_errors=memory.refused.get(status.restartAttempt, {}),
-                      force_delete_after=settings.force_delete_after_seconds)
+                      force_delete_after=settings.force_delete_after_seconds, progress=progress)
     try:
-        requeue = _act(body, job, status, plan, memory, kube, post_event, now)
+        requeue = _act(body, job, status, plan, memory, kube, post_event, now, settings)
+        if plan.status.phase == RUNNING:
+            if memory.next_poll is None:  # the gang just started running: ask at the next pass
+                memory.next_poll = now
+            requeue = _soonest(requeue, (memory.next_poll - now).total_seconds())
     except ApiError as exc:
+        metrics.RECONCILE_ERRORS.labels("api").inc()
         delay = _report_error(body, exc, memory, kube, settings, post_event)
         if delay is not None and memory.refused.get(plan.attempt) and exc.what.startswith("create pod"):
             # Pods refused for now (a quota): ask again soon, so that a lifted quota is noticed
@@ -90,10 +107,41 @@ def reconcile(
         return delay
     except Exception as exc:  # a bug must reach the user too, not only the operator's log
         logger.exception("%s: reconcile failed", meta.get("name"))
+        metrics.RECONCILE_ERRORS.labels("bug").inc()
         return _report_error(body, ApiError(0, type(exc).__name__, str(exc), "reconcile"),
                              memory, kube, settings, post_event)
     memory.consecutive_errors, memory.last_error = 0, ""
     return requeue
+
+
+def _soonest(*delays: Optional[float]) -> Optional[float]:
+    present = [max(0.0, d) for d in delays if d is not None]
+    return min(present) if present else None
+
+
+def _poll_progress(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], memory: JobMemory,
+                   settings: OperatorSettings, now: dt.datetime,
+                   poll: Poll) -> Optional[progress_reports.GangProgress]:
+    """Ask the running gang's pods for their ranks' reports, at most every
+    progress_poll_seconds; returns what the current attempt has reported so far."""
+    attempt = status.restartAttempt
+    if memory.progress is not None and memory.progress.attempt != attempt:
+        memory.progress, memory.next_poll = None, None  # a new gang: a new clock
+    if memory.progress is None:
+        memory.progress = progress_reports.from_status(status.progress, attempt)
+    if status.phase != RUNNING:
+        return memory.progress
+    if memory.next_poll is None or now >= memory.next_poll:
+        ips = [p.pod_ip for p in pods if p.attempt == attempt and p.ready and p.pod_ip]
+        if ips:
+            answers = poll(ips, contract.DEFAULT_PROGRESS_PORT, settings.progress_request_timeout_seconds)
+            memory.progress = progress_reports.merge(memory.progress, attempt, answers)
+        memory.next_poll = now + dt.timedelta(seconds=settings.progress_poll_seconds)
+    return memory.progress
+
+
+def _only_progress_changed(old: JobStatus, new: JobStatus) -> bool:
+    return old.progress != new.progress and replace(old, progress=new.progress) == new
 
 
 def _parsed(body: Mapping[str, Any], memory: JobMemory, parse: Parse) -> spec.DDPJob:
@@ -110,13 +158,27 @@ def _write_status(body: Mapping[str, Any], new: JobStatus, memory: JobMemory, ku
 
 
 def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, plan: Plan,
-         memory: JobMemory, kube: KubeApi, post_event: PostEvent, now: dt.datetime) -> Optional[float]:
+         memory: JobMemory, kube: KubeApi, post_event: PostEvent, now: dt.datetime,
+         settings: OperatorSettings) -> Optional[float]:
     """Carry out ``plan``: status first (the intent survives a crash), then the children.
     Returns when the next pass is due."""
     meta = body["metadata"]
     namespace = meta["namespace"]
+    deferred: Optional[float] = None
     if plan.status != old:
-        _write_status(body, plan.status, memory, kube)
+        since = (now - memory.progress_written).total_seconds() if memory.progress_written else None
+        if (_only_progress_changed(old, plan.status) and since is not None
+                and since < settings.progress_status_interval_seconds):
+            # Progress alone is rate-limited per job; the next pass past the interval writes it.
+            memory.status = old
+            deferred = settings.progress_status_interval_seconds - since
+            metrics.PROGRESS_WRITES_DEFERRED.inc()
+        else:
+            _write_status(body, plan.status, memory, kube)
+            if plan.status.progress != old.progress:
+                memory.progress_written = now
+            if plan.status.restarts > old.restarts:
+                metrics.GANG_RESTARTS.labels(plan.status.reason).inc()
     else:
         memory.status = old
     for event in plan.events:
@@ -166,7 +228,7 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ApiError(first.status, first.reason, first.message + more, first.what)
-    return plan.requeue_after
+    return _soonest(plan.requeue_after, deferred)
 
 
 def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,

@@ -36,6 +36,16 @@ class OperatorSettings:
     (watching quotas would need rights over every namespace's), so it keeps asking, often."""
     request_timeout_seconds: float = 30.0
     """Timeout of each Kubernetes API request the operator makes itself."""
+    progress_poll_seconds: float = 10.0
+    """How often the operator asks each running pod for its ranks' progress reports (an HTTP
+    GET to the pod, no API request). Also the resolution of hang detection."""
+    progress_status_interval_seconds: float = 30.0
+    """Per job, the least time between two status writes that only refresh status.progress:
+    the API cost of progress is at most 60 / this many requests per job per minute."""
+    progress_request_timeout_seconds: float = 2.0
+    """Timeout of one progress GET to a pod."""
+    metrics_port: int = 8081
+    """Port of the Prometheus endpoint (/metrics); 0 turns it off."""
     kubeconfig: Optional[str] = None
     """Kubeconfig for the operator's own requests (default: in-cluster, then $KUBECONFIG)."""
     namespaces: str = ""
@@ -59,7 +69,7 @@ def load_settings(environ: Optional[Mapping[str, str]] = None) -> OperatorSettin
             value = kind(raw)
         except ValueError:
             raise ValueError(f"{name}: expected {kind.__name__}, got {raw!r}") from None
-        if isinstance(value, (int, float)) and value <= 0 and f.name != "force_delete_after_seconds":
+        if isinstance(value, (int, float)) and value <= 0 and f.name not in ("force_delete_after_seconds", "metrics_port"):
             raise ValueError(f"{name}: must be > 0, got {raw!r}")
         if isinstance(value, (int, float)) and value < 0:
             raise ValueError(f"{name}: must be >= 0, got {raw!r}")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional
 
+from ddpjob.controller import metrics
 from ddpjob.controller.decide import Event, PodView
 from ddpjob.controller.kube import Kube
 from ddpjob.controller.reconcile import JobMemory, reconcile
@@ -58,8 +60,13 @@ class JobWorker:
         self.runtime.emit_event(self.body, event)
 
     def reconcile_once(self, pods: list[PodView]) -> Optional[float]:
-        return reconcile(self.body, pods, self.memory, kube=self.runtime.kube,
-                         settings=self.runtime.settings, post_event=self.post_event)
+        started = time.perf_counter()
+        try:
+            return reconcile(self.body, pods, self.memory, kube=self.runtime.kube,
+                             settings=self.runtime.settings, post_event=self.post_event)
+        finally:
+            metrics.RECONCILES.inc()
+            metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -117,6 +124,8 @@ class Runtime:
         self.kube = connect(settings)
         self.emit_event = emit_event or (lambda body, event: None)
         self.pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-reconcile")
+        metrics.count_jobs_from(lambda: [w.memory.status.phase for w in list(self.workers.values())
+                                         if w.memory.status is not None])
         self.gang_pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-gang")
 
     def observe(self, event_type: Optional[str], body: Mapping[str, Any], pods: Mapping[JobKey, Any]) -> None:

@@ -111,7 +111,10 @@ def job_environment(job: api.DDPJob, *, node_rank: int, master_port: int, restar
         master_port=master_port, nnodes=spec.nnodes, nproc_per_node=spec.nprocPerNode,
         node_rank=node_rank, restart_attempt=restart_attempt, device=spec.device,
         rendezvous_timeout_seconds=spec.startupTimeoutSeconds,
-        launcher=api.effective_launcher(spec), local_rank_flag=spec.localRankFlag)
+        launcher=api.effective_launcher(spec), local_rank_flag=spec.localRankFlag,
+        # The supervisor reads the reports itself; nothing serves them (port 0), so the nodes of
+        # one machine do not compete for a port.
+        progress_dir=progress_dir(setup, restart_attempt), progress_port=0)
     gpus = setup.gpu_ids or ()
     stand_ins = {
         contract.DDPJOB_TERMINATION_LOG: termination_log_path(setup, node_rank),
@@ -147,6 +150,11 @@ def node_command(spec: api.DDPJobSpec, env: Mapping[str, str], mounts: tuple[Loc
     """command + args as the container would run them (default: the trainer's pod entry point)."""
     argv = list(spec.command or contract.DEFAULT_POD_COMMAND) + list(spec.args)
     return [rewrite_mount_paths(expand_references(arg, env), mounts) for arg in argv]
+
+
+def progress_dir(setup: LocalSetup, restart_attempt: int) -> str:
+    """Where the processes of one attempt write their progress reports (one file per rank)."""
+    return os.path.join(setup.scratch_dir, f"progress-attempt-{restart_attempt}")
 
 
 def termination_log_path(setup: LocalSetup, node_rank: int) -> str:

@@ -15,6 +15,7 @@ prints. Like the rest of the package it never imports torch.
 """
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import shlex
@@ -22,19 +23,21 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from ddpjob import contract
 from ddpjob.api import failure_policy
+from ddpjob.api import progress as progress_reports
 from ddpjob.api import spec as api
 from ddpjob.local.plan import (LocalRunError, LocalSetup, check_gpus, job_environment, node_command,
-                               process_environment, reserve_free_port, termination_log_path,
-                               visible_gpu_ids)
+                               process_environment, progress_dir, reserve_free_port,
+                               termination_log_path, visible_gpu_ids)
 from ddpjob.local.supervisor import Console, GangOutcome, NodeLaunch, StopRequest, run_gang
 from ddpjob.local.volumes import materialise_mounts
 
 EXIT_BAD_INPUT = 2  # the same code `ddpjob validate` uses for a job that cannot run as written
 EXIT_DEADLINE = 124  # timeout(1)'s convention for "stopped because time ran out"
+EXIT_STALLED = 1  # a stalled gang has no exit code of its own; the budget spent: a plain failure
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,6 +61,15 @@ def decide(outcome: GangOutcome, *, restarts_done: int, spec: api.DDPJobSpec, jo
     if outcome.kind == "deadline":
         return Decision(False, EXIT_DEADLINE,
                         f"activeDeadlineSeconds ({spec.activeDeadlineSeconds}) passed: stopped every node")
+    if outcome.kind == "stalled":
+        ruling = failure_policy.verdict([failure_policy.NodeFailure(outcome.node_rank or 0, None, "Stalled")],
+                                        restarts_done=restarts_done, policy=spec.failurePolicy)
+        what = f"Stalled: {outcome.message}"
+        if not ruling.restart:
+            return Decision(False, EXIT_STALLED, f"{what}; the restart budget (maxRestarts "
+                            f"{ruling.budget}) is spent; job {job_name} failed")
+        return Decision(True, EXIT_STALLED, f"{what}; restarting the gang "
+                        f"(restart {ruling.restarts_after}/{ruling.budget})")
     code = outcome.exit_code
     ruling = failure_policy.verdict([failure_policy.NodeFailure(outcome.node_rank, code)],
                                     restarts_done=restarts_done, policy=spec.failurePolicy)
@@ -125,7 +137,8 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
                     _remove(termination_log_path(setup, rank))
                 outcome = run_gang(launches, cwd=workdir, console=console, stop=stop, deadline=deadline,
                                    grace_seconds=spec.template.spec.terminationGracePeriodSeconds,
-                                   before_launch=port_holder.close)
+                                   before_launch=port_holder.close,
+                                   watch=stall_watch(job, progress_dir(setup, restarts_done), restarts_done))
             finally:
                 port_holder.close()
             decision = decide(outcome, restarts_done=restarts_done, spec=spec, job_name=job.name)
@@ -139,6 +152,28 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
             restarts_done += 1
     finally:
         restore_signals()
+
+
+def stall_watch(job: api.DDPJob, directory: str, attempt: int,
+                clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+                ) -> Optional[Callable[[], Optional[tuple[int, str]]]]:
+    """The operator's hang detection (api.progress.stall) over this attempt's report files;
+    None when the job sets no bound. The clock of the startup bound starts now (the nodes are
+    about to start: locally there is no scheduling or image pull to wait for)."""
+    policy = job.spec.failurePolicy
+    if not (policy.progressTimeoutSeconds or policy.firstProgressTimeoutSeconds):
+        return None
+    started = clock()
+    seen: list[Optional[progress_reports.GangProgress]] = [None]
+
+    def check() -> Optional[tuple[int, str]]:
+        now = clock()
+        answer = progress_reports.parse_answer({"ranks": contract.read_progress_reports(directory)}, now)
+        seen[0] = progress_reports.merge(seen[0], attempt, [answer])
+        stalled, _ = progress_reports.stall(job, seen[0], started, now)
+        return (stalled.suspect_node, stalled.message) if stalled is not None else None
+
+    return check
 
 
 def _launches(job: api.DDPJob, setup: LocalSetup, environ: Mapping[str, str], master_port: int,

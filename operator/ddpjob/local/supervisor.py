@@ -107,12 +107,14 @@ class NodeLaunch:
 
 @dataclass(frozen=True)
 class GangOutcome:
-    """How a gang ended. ``kind``: succeeded, failed, stopped (by a signal) or deadline."""
+    """How a gang ended. ``kind``: succeeded, failed, stopped (by a signal), deadline or
+    stalled (``watch`` said so; ``message`` says why)."""
 
     kind: str
     node_rank: Optional[int] = None
     exit_code: Optional[int] = None
     signum: Optional[int] = None
+    message: str = ""
 
 
 def exit_code_of(returncode: int) -> int:
@@ -208,12 +210,16 @@ def run_gang(
     console: Console,
     deadline: Optional[float] = None,
     before_launch: Callable[[], None] = lambda: None,
+    watch: Optional[Callable[[], Optional[tuple[int, str]]]] = None,
+    watch_seconds: float = 1.0,
 ) -> GangOutcome:
     """Start every node, wait until all succeed or the first fails, and leave nothing running.
 
     ``before_launch`` runs right before the first process starts (it releases the reserved
     master port, shortening the window in which another program could take it).
-    ``deadline`` is a time.monotonic() value after which the gang is stopped.
+    ``deadline`` is a time.monotonic() value after which the gang is stopped. ``watch``, called
+    every ``watch_seconds`` while the nodes run, returns (node rank, why) when the gang must be
+    stopped as stalled (hang detection), else None.
     """
     exits: "queue.Queue[tuple[int, int]]" = queue.Queue()
     nodes: list[LocalNode] = []
@@ -224,11 +230,17 @@ def run_gang(
         for launch in launches:
             nodes.append(LocalNode(launch, cwd, console, exits))
         waiting = {n.node_rank for n in nodes}
+        next_watch = time.monotonic() + watch_seconds
         while waiting:
             if stop.requested:
                 return GangOutcome("stopped", signum=stop.signum)
             if deadline is not None and time.monotonic() >= deadline:
                 return GangOutcome("deadline")
+            if watch is not None and time.monotonic() >= next_watch:
+                next_watch = time.monotonic() + watch_seconds
+                stalled = watch()
+                if stalled is not None:
+                    return GangOutcome("stalled", node_rank=stalled[0], message=stalled[1])
             try:
                 rank, code = exits.get(timeout=POLL_SECONDS)
             except queue.Empty:

@@ -1,0 +1,47 @@
+"""The built-in trainer reports progress with no setup: every rank writes its report, and the
+pod entry point serves them on the contract's port while training runs."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from ddpjob import contract
+
+pytestmark = pytest.mark.multiprocess
+
+
+def served(port: int) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{contract.PROGRESS_PATH}", timeout=2) as r:
+            return json.load(r)["ranks"]
+    except OSError:
+        return {}
+
+
+def test_every_rank_reports_and_the_pod_entry_point_serves_the_reports(mp, tmp_path, trainer_env):
+    port = mp.free_port()
+    folder = tmp_path / "progress"
+    env = {**trainer_env, "PET_NPROC_PER_NODE": "2", contract.DDPJOB_PROGRESS_DIR: str(folder),
+           contract.DDPJOB_PROGRESS_PORT: str(port)}
+    proc = mp.start(mp.pod_entry(*mp.TINY, "--fake-size", "1600", "--epochs", "1",
+                                 "--checkpoint-dir", str(tmp_path / "checkpoints")), env, tmp_path / "log")
+    try:
+        deadline, ranks = time.monotonic() + 120, {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            ranks = served(port)
+            if set(ranks) == {"0", "1"}:
+                break
+            time.sleep(0.2)
+        assert set(ranks) == {"0", "1"}, (ranks, (tmp_path / "log").read_text()[-3000:])
+        assert ranks["0"]["total_steps"] == 100 and ranks["0"]["age_seconds"] >= 0, ranks
+        assert proc.wait(timeout=180) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    final = {r: json.loads((folder / contract.progress_file_name(r)).read_text()) for r in (0, 1)}
+    assert [final[r]["step"] for r in (0, 1)] == [100, 100], final
+    assert final[0]["epochs"] == 1 and final[0]["loss"] > 0 and final[0]["throughput"] > 0, final

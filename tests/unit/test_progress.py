@@ -1,0 +1,242 @@
+"""Progress reports and hang detection: the pure rules (api.progress), the decision (Stalled),
+the operator's polling and its per-job status-write rate limit, and the pod side (ddptrainer.report)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import urllib.request
+
+import pytest
+
+from ddpjob import contract
+from ddpjob.api import progress
+from ddpjob.api import spec
+from ddpjob.api.status import RUNNING, JobStatus, Progress
+from ddpjob.controller.decide import decide
+from ddpjob.controller.reconcile import JobMemory, reconcile
+from ddpjob.controller.settings import OperatorSettings
+from ddpjob.controller.status import format_time, with_phase
+from ddptrainer import report
+from tests.support.jobs import make_job, pod_view
+from tests.unit.test_handlers import FakeKube, body, parse
+
+pytestmark = pytest.mark.unit
+
+NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def at(seconds: float) -> dt.datetime:
+    return NOW + dt.timedelta(seconds=seconds)
+
+
+def answer(*ranks: tuple[int, int, float], total: int = 100, observed: float = 0) -> dict:
+    """A pod's /progress answer parsed at ``observed``: (rank, step, age_seconds) each."""
+    body = {"ranks": {str(r): {"step": s, "total_steps": total, "loss": 0.5, "throughput": 80.0,
+                               "epoch": 1, "epochs": 2, "age_seconds": age} for r, s, age in ranks}}
+    return progress.parse_answer(body, at(observed))
+
+
+def running_status(since: float = -100, attempt: int = 0) -> JobStatus:
+    base = JobStatus(nnodes=2, restartAttempt=attempt, startTime=format_time(at(-200)))
+    created = with_phase(base, "Pending", "PodsCreated", "", at(-200), created=True)
+    return with_phase(created, RUNNING, "AllNodesRunning", "2/2 node(s) running", at(since))
+
+
+def pods(attempt: int = 0):
+    return [pod_view(r, "Running", attempt, pod_ip=f"10.0.0.{r + 1}") for r in range(2)]
+
+
+def policy_job(**policy) -> spec.DDPJob:
+    return make_job(2, failurePolicy=spec.FailurePolicy(**policy))
+
+
+# --- what the reports mean ------------------------------------------------------------------------
+def test_an_answer_is_dated_by_the_pods_own_clock_and_malformed_reports_are_left_out():
+    parsed = progress.parse_answer({"ranks": {"0": {"step": 7, "age_seconds": 3}, "x": {"step": 1, "age_seconds": 0},
+                                              "1": {"step": "seven", "age_seconds": 0}, "2": {"step": 1}}}, NOW)
+    assert list(parsed) == [0] and parsed[0].at == at(-3) and parsed[0].step == 7
+    assert progress.parse_answer("not json object", NOW) == {}
+
+
+def test_merge_keeps_each_ranks_newest_report_and_a_new_attempt_starts_over():
+    first = progress.merge(None, 0, [answer((0, 5, 0), (1, 5, 0), observed=0)])
+    later = progress.merge(first, 0, [answer((0, 9, 0), observed=10), {}])  # node 1 did not answer
+    assert {r: rep.step for r, rep in later.ranks.items()} == {0: 9, 1: 5}
+    assert later.last_report_at == at(10) and later.first == (5, at(0))
+    assert progress.merge(later, 1, []).ranks == {}
+
+
+def test_status_shows_step_of_total_and_an_eta_from_the_pace_only_while_running():
+    seen = progress.merge(None, 0, [answer((0, 10, 0), observed=0)])
+    seen = progress.merge(seen, 0, [answer((0, 20, 0), observed=10)])  # 1 s a step, 80 to go
+    shown = progress.to_status(seen, running=True, format_time=format_time)
+    assert (shown.summary, shown.eta, shown.etaSeconds, shown.step, shown.totalSteps) == ("20/100 (20%)", "1m20s", 80, 20, 100)
+    assert (shown.epoch, shown.loss, shown.throughput, shown.lastReportTime) == (1, 0.5, 80.0, format_time(at(10)))
+    assert progress.to_status(seen, running=False, format_time=format_time).eta == ""
+
+
+def test_no_bound_no_stall_whatever_the_silence():
+    silent = progress.merge(None, 0, [answer((0, 5, 10_000))])
+    assert progress.stall(make_job(2), silent, at(-20_000), NOW) == (None, None)
+    assert progress.stall(make_job(2), None, at(-20_000), NOW) == (None, None)
+
+
+def test_silence_after_the_first_report_is_a_stall_that_names_the_ranks_behind():
+    job = policy_job(progressTimeoutSeconds=60)
+    quiet = progress.merge(None, 0, [answer((0, 41, 30), (1, 40, 45))])
+    assert progress.stall(job, quiet, at(-500), NOW) == (None, 30)  # 30 s left
+    stalled, _ = progress.stall(job, quiet, at(-500), at(31))
+    assert stalled is not None and stalled.suspect_node == 1 and stalled.silent_ranks == (0, 1)
+    assert "no rank reported progress for 61s (failurePolicy.progressTimeoutSeconds 60)" in stalled.message
+    assert "rank 0 step 41 (61s ago), rank 1 step 40 (76s ago)" in stalled.message
+    assert stalled.message.endswith("behind the others: rank(s) 1")
+
+
+def test_before_the_first_report_the_startup_bound_applies():
+    job = policy_job(firstProgressTimeoutSeconds=120, progressTimeoutSeconds=60)
+    assert progress.stall(job, None, at(-100), NOW) == (None, 20)
+    stalled, _ = progress.stall(job, None, at(-121), NOW)
+    assert stalled is not None and "within 120s of every node running" in stalled.message
+    assert "silent: rank(s) 0, 1" in stalled.message
+
+
+# --- the decision -------------------------------------------------------------------------------
+def test_running_job_shows_progress_and_looks_again_when_the_bound_would_run_out():
+    seen = progress.merge(None, 0, [answer((0, 42, 5), (1, 42, 5))])
+    plan = decide(policy_job(progressTimeoutSeconds=60), running_status(), pods(), NOW, progress=seen)
+    assert plan.status.phase == RUNNING and plan.status.progress.summary == "42/100 (42%)"
+    assert plan.requeue_after == 55 and not plan.delete
+
+
+def test_a_stalled_gang_restarts_whole_with_reason_stalled_and_counts_a_restart():
+    seen = progress.merge(None, 0, [answer((0, 42, 70), (1, 40, 90))])
+    plan = decide(policy_job(progressTimeoutSeconds=60, maxRestarts=3), running_status(), pods(), NOW, progress=seen)
+    assert (plan.status.phase, plan.status.reason, plan.status.restarts, plan.status.restartAttempt) == \
+        ("Restarting", "Stalled", 1, 1)
+    assert [e.reason for e in plan.events] == ["Stalled", "Restarting"]
+    assert "behind the others: rank(s) 1" in plan.events[0].message
+    assert plan.status.failedNode.nodeRank == 1 and plan.status.failedNode.reason == "Stalled"
+    assert sorted(p.name for p in plan.delete) == ["train-node-0", "train-node-1"]
+    assert plan.status.progress is None or plan.status.progress.eta == ""
+
+
+def test_a_stall_with_the_budget_spent_fails_the_job():
+    seen = progress.merge(None, 0, [answer((0, 42, 70))])
+    status = running_status()
+    status = type(status)(**{**status.__dict__, "restarts": 2})
+    plan = decide(policy_job(progressTimeoutSeconds=60, maxRestarts=2), status, pods(), NOW, progress=seen)
+    assert (plan.status.phase, plan.status.reason) == ("Failed", "RestartBudgetExhausted")
+    assert "was stalled and the restart budget (2) is spent" in plan.status.message
+
+
+def test_a_job_that_never_reports_runs_as_before():
+    plan = decide(make_job(2), running_status(), pods(), NOW, progress=None)
+    assert plan.status.phase == RUNNING and plan.status.progress is None and plan.requeue_after is None
+
+
+# --- the operator's shell: polling and the status-write rate limit -------------------------------
+class FakePods:
+    """Stands in for the HTTP GETs to the pods: every rank at ``step``, written just now."""
+
+    def __init__(self):
+        self.step, self.calls = 10, []
+
+    def __call__(self, ips, port, timeout):
+        self.calls.append((tuple(ips), port))
+        return [{r: progress.RankReport(rank=r, step=self.step, at=self.now, total_steps=100)} for r in range(len(ips))]
+
+
+def test_the_operator_polls_at_its_interval_and_writes_progress_at_most_once_per_interval():
+    settings = OperatorSettings(progress_poll_seconds=10, progress_status_interval_seconds=30)
+    kube, memory, fake = FakeKube(), JobMemory(), FakePods()
+    obj = body(status=running_status().to_dict())
+
+    def pass_at(seconds: float):
+        fake.now = at(seconds)
+        return reconcile(obj, pods(), memory, kube=kube, settings=settings, post_event=lambda e: None,
+                         now=at(seconds), parse=parse, poll=fake)
+
+    assert pass_at(0) == 10  # next poll
+    assert fake.calls == [(("10.0.0.1", "10.0.0.2"), contract.DEFAULT_PROGRESS_PORT)]
+    assert kube.kinds() == ["patch_status"] and kube.status["progress"]["summary"] == "10/100 (10%)"
+    fake.step = 20
+    assert pass_at(5) == 5 and len(fake.calls) == 1  # not due: no poll, nothing written
+    requeue = pass_at(12)
+    assert len(fake.calls) == 2 and kube.kinds() == ["patch_status"]  # polled; the write waits
+    assert requeue == 10  # the next poll; the write may go 30 s after the last one
+    pass_at(30)
+    assert kube.kinds() == ["patch_status", "patch_status"] and kube.status["progress"]["step"] == 20
+
+
+def test_a_phase_change_is_written_at_once_whatever_the_progress_rate_limit():
+    settings = OperatorSettings(progress_poll_seconds=1, progress_status_interval_seconds=300)
+    kube, memory, fake = FakeKube(), JobMemory(), FakePods()
+    obj = body(status=running_status().to_dict(), failurePolicy={"progressTimeoutSeconds": 60})
+    fake.now = NOW
+    reconcile(obj, pods(), memory, kube=kube, settings=settings, post_event=lambda e: None, now=NOW,
+              parse=parse, poll=fake)
+    fake.now = NOW  # the pods keep answering with the same old report
+    reconcile(obj, pods(), memory, kube=kube, settings=settings, post_event=lambda e: None, now=at(61),
+              parse=parse, poll=fake)
+    assert [e[1] for e in kube.log if e[0] == "patch_status"] == ["Running", "Restarting"]
+    assert ("delete", ("train-node-0", "train-node-1")) in kube.log
+    assert kube.status["reason"] == "Stalled"
+
+
+def test_after_an_operator_restart_the_stall_clock_continues_from_the_status():
+    settings = OperatorSettings()
+    recorded = Progress(summary="5/100 (5%)", step=5, totalSteps=100, lastReportTime=format_time(at(-70)))
+    status = running_status()
+    status = type(status)(**{**status.__dict__, "progress": recorded})
+    kube = FakeKube()
+    obj = body(status=status.to_dict(), failurePolicy={"progressTimeoutSeconds": 60})
+    reconcile(obj, pods(), JobMemory(), kube=kube, settings=settings, post_event=lambda e: None, now=NOW,
+              parse=parse, poll=lambda ips, port, timeout: [{}, {}])  # nobody answers
+    assert kube.status["phase"] == "Restarting" and kube.status["reason"] == "Stalled"
+
+
+# --- the pod side -------------------------------------------------------------------------------
+def test_report_progress_writes_one_file_per_rank_throttled_and_nothing_outside_a_job(tmp_path):
+    env = {contract.DDPJOB_PROGRESS_DIR: str(tmp_path / "p"), contract.RANK: "3"}
+    assert report.report_progress(5, 10, loss=float("nan"), environ=env)
+    assert not report.report_progress(6, 10, environ=env)  # within a second of the last
+    assert report.report_progress(7, 10, epoch=1, environ=env, force=True)
+    with open(tmp_path / "p" / "rank-3.json") as f:
+        assert {k: v for k, v in json.load(f).items() if k != "time"} == {"step": 7, "total_steps": 10, "epoch": 1}
+    assert not report.report_progress(1, environ={})
+    reports = contract.read_progress_reports(str(tmp_path / "p"))
+    assert list(reports) == ["3"] and reports["3"]["step"] == 7 and reports["3"]["age_seconds"] >= 0
+
+
+def test_the_pod_serves_its_ranks_reports_over_http(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "rank-0.json").write_text(json.dumps({"step": 4, "loss": 1.5}))
+    os.utime(tmp_path / "rank-0.json", (0, 0))  # written long ago
+    server = report.serve_progress(str(tmp_path), port, host="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{contract.PROGRESS_PATH}", timeout=5) as r:
+            served = json.load(r)
+        assert served["ranks"]["0"]["step"] == 4 and served["ranks"]["0"]["age_seconds"] > 1e9
+        parsed = progress.parse_answer(served, NOW)
+        assert parsed[0].loss == 1.5
+        from ddpjob.controller.progress import fetch
+        assert fetch("127.0.0.1", port, 5)["ranks"]["0"]["step"] == 4
+    finally:
+        server.shutdown()
+
+
+def test_the_pass_that_sees_the_gang_start_running_asks_for_a_poll_at_once():
+    kube, memory, fake = FakeKube(), JobMemory(), FakePods()
+    fake.now = NOW
+    pending = with_phase(JobStatus(nnodes=2), "Pending", "PodsCreated", "", at(-10), created=True)
+    obj = body(status=pending.to_dict())
+    requeue = reconcile(obj, pods(), memory, kube=kube, settings=OperatorSettings(), post_event=lambda e: None,
+                        now=NOW, parse=parse, poll=fake)
+    assert kube.status["phase"] == "Running" and requeue == 0 and fake.calls == []
+    reconcile(obj, pods(), memory, kube=kube, settings=OperatorSettings(), post_event=lambda e: None,
+              now=at(0.2), parse=parse, poll=fake)
+    assert len(fake.calls) == 1 and kube.status["progress"]["step"] == 10

@@ -1,0 +1,95 @@
+"""Progress reports: how a training process says how far it is, and how a pod serves that.
+
+Standard library only (no torch), so a script of your own can use it, or copy it: the whole
+protocol is "write one small JSON object to ``$DDPJOB_PROGRESS_DIR/rank-$RANK.json``, replacing
+the previous one" (docs/contract.md, "Progress")::
+
+    from ddptrainer.report import report_progress
+    report_progress(step=step, total_steps=total, epoch=epoch, loss=loss)
+
+Outside a DDPJob (no ``DDPJOB_PROGRESS_DIR``) it does nothing. Writes are throttled to one per
+``min_interval`` seconds per process (the last step is always written with ``force=True``),
+so calling it every step costs next to nothing.
+
+The pod entry point (``ddptrain-pod``) serves the directory with ``serve_progress``:
+``GET /progress`` answers ``{"ranks": {"<rank>": {<report>..., "age_seconds": s}}}``, where
+``age_seconds`` is how long ago the rank's file was written, by the pod's own clock (the
+operator never compares clocks with the pod). The operator polls it; nothing in the pod talks
+to the Kubernetes API.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Mapping, Optional
+
+from ddpjob import contract
+
+_last_write: dict[str, float] = {}
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN
+    return value
+
+
+def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Optional[int] = None,
+                    epochs: Optional[int] = None, loss: Optional[float] = None,
+                    throughput: Optional[float] = None, force: bool = False,
+                    min_interval: float = 1.0, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Record this process's progress (``throughput`` in samples per second). Returns whether a
+    report was written (False: not in a DDPJob, throttled, or the directory is not writable)."""
+    env = os.environ if environ is None else environ
+    directory = env.get(contract.DDPJOB_PROGRESS_DIR)
+    if not directory:
+        return False
+    rank = env.get(contract.RANK, "0")
+    path = os.path.join(directory, contract.progress_file_name(int(rank)))
+    now = time.time()
+    if not force and now - _last_write.get(path, -math.inf) < min_interval:
+        return False
+    report = {"step": int(step), "total_steps": total_steps, "epoch": epoch, "epochs": epochs,
+              "loss": _number(loss), "throughput": _number(throughput), "time": round(now, 3)}
+    report = {k: v for k, v in report.items() if v is not None}
+    try:
+        os.makedirs(directory, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(report, file)
+        os.replace(temporary, path)  # a reader never sees half a report
+    except OSError:
+        return False  # reporting must never break training
+    _last_write[path] = now
+    return True
+
+
+def serve_progress(directory: str, port: int, host: str = "0.0.0.0") -> Optional[ThreadingHTTPServer]:
+    """Serve ``GET /progress`` on ``port`` from a daemon thread; None if the port is taken."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            if self.path.split("?")[0] != contract.PROGRESS_PATH:
+                self.send_error(404)
+                return
+            body = json.dumps({"ranks": contract.read_progress_reports(directory)}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:  # the operator polls: keep the pod log clean
+            pass
+
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError:
+        return None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="ddpjob-progress").start()
+    return server
