@@ -258,7 +258,7 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
     header = kubectl("get", "ddpjobs", "-n", namespace).stdout.splitlines()[0].split()
     assert header == ["NAME", "PHASE", "READY", "RESTARTS", "AGE"]
     wide = kubectl("get", "ddpj", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "REASON", "AGE"]
+    assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "REASON", "QUEUE", "AGE"]
     assert wide[1].split()[0] == "columns"
 
     table = _table(cluster.api_client, namespace)

@@ -88,6 +88,7 @@ def test_printer_columns_read_status_fields_not_conditions():
     columns = [(c["name"], c["jsonPath"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
     assert columns == [("Phase", ".status.phase", 0), ("Ready", ".status.ready", 0),
                        ("Restarts", ".status.restarts", 0), ("Reason", ".status.reason", 1),
+                       ("Queue", ".metadata.labels.kueue\\.x-k8s\\.io/queue-name", 1),
                        ("Age", ".metadata.creationTimestamp", 0)]
 
 
@@ -97,7 +98,7 @@ def test_status_schema_is_the_one_in_the_design_notes():
     assert list(props) == ["phase", "reason", "message", "ready", "readyNodes", "nnodes", "restarts",
                            "restartAttempt", "podSpecHash", "startTime", "completionTime", "observedGeneration",
                            "failedNode", "nodes", "conditions"]
-    assert props["phase"]["enum"] == ["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+    assert props["phase"]["enum"] == ["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Queued"]
     assert list(props["failedNode"]["properties"]) == ["nodeRank", "pod", "exitCode", "reason", "message"]
     assert list(props["nodes"]["items"]["properties"]) == ["nodeRank", "pod", "phase", "ready", "exitCode",
                                                            "reason", "message", "nodeName"]

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ddpjob.controller import builders
+from ddpjob.controller import builders, kueue
 from ddpjob.api import spec
 from ddpjob.controller.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
 from ddpjob.controller.kube import ApiError, KubeApi
@@ -38,6 +38,7 @@ class JobMemory:
     parsed: Optional[tuple[Any, spec.DDPJob]] = None  # (generation, job)
     consecutive_errors: int = 0
     last_error: str = ""
+    workload_created: Optional[str] = None  # the job uid whose Kueue Workload this process created
 
 
 def default_parse(obj: Mapping[str, Any]) -> spec.DDPJob:
@@ -56,9 +57,11 @@ def reconcile(
     post_event: PostEvent,
     now: Optional[dt.datetime] = None,
     parse: Parse = default_parse,
+    workload: Optional[kueue.WorkloadView] = None,
 ) -> Optional[float]:
     """Bring the job one step closer to its spec; returns seconds until a clock needs another
-    pass (None: only a change will), or the retry backoff after an error."""
+    pass (None: only a change will), or the retry backoff after an error. ``workload``: the
+    job's Kueue Workload as the watch last saw it (only for a job that names a LocalQueue)."""
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None  # being deleted: the garbage collector takes the children
@@ -78,9 +81,12 @@ def reconcile(
         plan = decide(job, status, pods, now, generation=meta.get("generation"),
                       created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
                       creation_errors=memory.refused.get(status.restartAttempt, {}),
-                      force_delete_after=settings.force_delete_after_seconds)
+                      force_delete_after=settings.force_delete_after_seconds,
+                      hold=kueue.hold(job, status, workload))
     try:
         requeue = _act(body, job, status, plan, memory, kube, post_event, now)
+        if job is not None and kueue.queue_name(job) is not None:
+            _act_on_workload(job, plan, pods, workload, memory, kube, now)
     except ApiError as exc:
         delay = _report_error(body, exc, memory, kube, settings, post_event)
         if delay is not None and memory.refused.get(plan.attempt) and exc.what.startswith("create pod"):
@@ -167,6 +173,24 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ApiError(first.status, first.reason, first.message + more, first.what)
     return plan.requeue_after
+
+
+def _act_on_workload(job: spec.DDPJob, plan: Plan, pods: Sequence[PodView],
+                     workload: Optional[kueue.WorkloadView], memory: JobMemory, kube: KubeApi,
+                     now: dt.datetime) -> None:
+    """Create the job's Workload if the watch has not shown it yet (once per job: "already
+    exists" is success), and write what Kueue must learn: finished, or the quota given back
+    after an eviction once no pod is left."""
+    status = memory.status or plan.status
+    if workload is None and not status.terminal and memory.workload_created != job.uid:
+        klass = kueue.priority_class(job)
+        priority = kube.get_workload_priority(klass) if klass else None
+        kube.create_workload(kueue.build_workload(job, priority))
+        memory.workload_created = job.uid
+    left = kueue.pods_of(job, [p for p in pods if p.uid not in memory.gone_uids])
+    update = kueue.workload_status_update(job, status, workload, left, now)
+    if update is not None and workload is not None:
+        kube.patch_workload_status(job.namespace, workload.name, update)
 
 
 def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
