@@ -4,7 +4,9 @@
 # with Kueue's CRDs and webhook manifests copied from the same module. Rebuilt only when the
 # version changes. Prints the folder on stdout (progress goes to stderr).
 #
-# Measured: see docs/testing.md ("Kueue"). Env: DDPJOB_KUEUE_VERSION, DDPJOB_CACHE.
+# Measured (2 cores shared with a control-plane build, Go 1.26.8): cold build 8 min 52 s including
+# module downloads (user 4 min 13 s), 87 MB binary; with the binary cached, nothing.
+# Env: DDPJOB_KUEUE_VERSION, DDPJOB_CACHE.
 #
 # sigs.k8s.io/kueue has no replace directives, so a wrapper module that requires it builds
 # its cmd/kueue as released (the same way scripts/build-control-plane.sh builds etcd).
@@ -52,7 +54,7 @@ go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$
   -o "$OUT/kueue-manager.tmp" sigs.k8s.io/kueue/cmd/kueue || die "go build of Kueue failed (see above)"
 # The CRDs and the webhook configurations, as released with this version.
 for f in "$SRC"/config/components/crd/bases/*.yaml; do echo "---"; cat "$f"; done > "$OUT/crds.yaml"
-cp "$SRC/config/components/webhook/manifests.yaml" "$OUT/webhooks.yaml"
+install -m 0644 "$SRC/config/components/webhook/manifests.yaml" "$OUT/webhooks.yaml"
 mv "$OUT/kueue-manager.tmp" "$OUT/kueue-manager"
 log "done in $(( $(date +%s) - start ))s: $OUT"
 echo "$OUT"
