@@ -142,8 +142,10 @@ def test_two_jobs_compete_for_a_quota_of_one_gang(e2e, queue, shared_host_dir):
         assert queued["reason"] == "Queued", queued
         assert "LocalQueue team" in queued["message"], queued
         wide = e2e.cluster.kubectl("get", "ddpjobs", "-n", e2e.namespace, "-o", "wide").stdout
-        assert [line.split()[:2] + line.split()[5:6] for line in wide.splitlines()[1:]] == [
-            ["first", "Running", "team"], ["second", "Queued", "team"]], wide
+        header, *rows = [line.split() for line in wide.splitlines()]
+        assert "QUEUE" in header, wide
+        assert {row[0]: (row[1], "team" in row) for row in rows} == {
+            "first": ("Running", True), "second": ("Queued", True)}, wide
         assert not e2e.pods("second")
 
         open_gate(e2e, str(Path(shared_host_dir) / "first"), "first-node-0", "/gate")
