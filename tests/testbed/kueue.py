@@ -38,6 +38,7 @@ KUEUE_NAMESPACE = "kueue-system"
 KUEUE_GROUP = "kueue.x-k8s.io"
 DDPJOB_FRAMEWORK = "DDPJob.v1alpha1.ddpjob.dev"
 WEBHOOK_PREFIX = "ddpjob-testbed-kueue-"
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 
 
 def kueue_folder() -> Path:
@@ -113,6 +114,14 @@ def local_webhooks(text: str, port: int, ca_bundle: bytes) -> list[dict]:
     return out
 
 
+def _established(kubectl: Kubectl, crd: str) -> bool:
+    result = kubectl("get", "crd", crd, "-o", "json", check=False)
+    if result.returncode != 0:
+        return False
+    conditions = (json.loads(result.stdout).get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
 class Kueue:
     """Kueue's controller manager against the test bed: ``start()``, ``stop()``."""
 
@@ -131,18 +140,27 @@ class Kueue:
         # The CRDs are large (the Workload's schema embeds a pod template): server-side apply,
         # since the last-applied annotation of a client-side apply would exceed 256 KiB.
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", self.folder / "crds.yaml", timeout=180)
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                     *[f"crd/{p}.{KUEUE_GROUP}" for p in ("workloads", "clusterqueues", "localqueues",
-                                                           "resourceflavors", "workloadpriorityclasses")])
+        for plural in ("workloads", "clusterqueues", "localqueues", "resourceflavors", "workloadpriorityclasses"):
+            # Not `kubectl wait`: it fails on a CRD whose status has no conditions yet (the
+            # Workload CRD takes a moment).
+            wait_for(lambda plural=plural: _established(self.kubectl, f"{plural}.{KUEUE_GROUP}"),
+                     60, f"CRD {plural}.{KUEUE_GROUP} Established")
         if self.kubectl("get", "namespace", KUEUE_NAMESPACE, check=False).returncode != 0:
             self.kubectl("create", "namespace", KUEUE_NAMESPACE)
         cert_dir = _serving_certificate(self.control_plane, directory / "certs")
-        webhook_port, health_port, visibility_port = free_port(), free_port(), free_port()
+        webhook_port, health_port = free_port(), free_port()
         config = directory / "config.yaml"
         config.write_text(yaml.safe_dump(kueue_config(webhook_port, health_port, cert_dir)))
+        # With internalCertManagement off, Kueue reads its metrics certificate from a fixed
+        # path (cmd/kueue/main.go: /etc/kueue/metrics/certs): a bind mount in a private mount
+        # namespace gives it the test bed's, leaving only an empty folder on the host. The
+        # visibility API server (an aggregated API, also with fixed certificate paths) is off.
+        METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+        manager = f"{self.folder / 'kueue-manager'} --config={config} " \
+                  "--feature-gates=VisibilityOnDemand=false --zap-log-level=2"
         self.process = ManagedProcess(
-            "kueue", [self.folder / "kueue-manager", f"--config={config}",
-                      f"--visibility-server-port={visibility_port}", "--zap-log-level=2"],
+            "kueue", ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                      f"mount --bind {cert_dir} {METRICS_CERTS} && exec {manager}"],
             self.run_dir / "logs" / "kueue.log",
             env={**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig)},
             pidfile=self.pidfile).start()
