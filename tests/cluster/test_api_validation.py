@@ -263,7 +263,7 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
 
     table = _table(cluster.api_client, namespace)
     columns = [c["name"] for c in table["columnDefinitions"]]
-    assert columns == ["Name", "Phase", "Ready", "Restarts", "Reason", "Age"]
+    assert columns == ["Name", "Phase", "Ready", "Restarts", "Reason", "Queue", "Age"]
     [row] = table["rows"]
     cells = dict(zip(columns, row["cells"]))
     status = row["object"].get("status", {})
