@@ -81,7 +81,7 @@ def queue(e2e, kueue, watched):
         name = "team"
         cluster_queue = f"cq-{e2e.namespace}"
 
-        def make(self, cpu: str, preemption: bool = False) -> "Queue":
+        def make(self, cpu: str, preemption: bool = False, flavor_spec: dict | None = None) -> "Queue":
             flavor = f"flavor-{e2e.namespace}"
             cq_spec = {
                 "namespaceSelector": {},
@@ -91,7 +91,8 @@ def queue(e2e, kueue, watched):
             if preemption:
                 cq_spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
             objects = [
-                {"apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+                {"apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor},
+                 **({"spec": flavor_spec} if flavor_spec else {})},
                 {"apiVersion": f"{GROUP}/v1beta2", "kind": "ClusterQueue",
                  "metadata": {"name": self.cluster_queue}, "spec": cq_spec},
                 {"apiVersion": f"{GROUP}/v1beta2", "kind": "LocalQueue",
@@ -212,6 +213,29 @@ def test_deleting_a_queued_job_removes_its_workload(e2e, queue, shared_host_dir)
     # The running job is untouched, and still finishes.
     open_gate(e2e, str(Path(shared_host_dir) / "holder"), "holder-node-0", "/gate")
     assert e2e.wait_until_finished("holder", TIMEOUT)["phase"] == "Succeeded"
+
+
+def test_the_admitted_flavor_places_the_gang_on_its_node_pool(e2e, queue, nodes):
+    """A ResourceFlavor with nodeLabels and tolerations (a tainted node pool): the admitted
+    gang's pods get both and run on that pool."""
+    pool = f"pool-{secrets.token_hex(3)}"
+    label = {"ddpjob.dev/testbed-pool": pool}
+    taint = {"key": "ddpjob.dev/testbed-pool", "value": pool, "effect": "NoSchedule"}
+    toleration = {"key": taint["key"], "operator": "Equal", "value": pool, "effect": "NoSchedule"}
+    nodes.add(pool, cpu="4", labels=label, taints=[taint])
+    try:
+        queue.make(cpu="2", flavor_spec={"nodeLabels": label, "tolerations": [toleration]})
+        e2e.create(queued_manifest(e2e, "placed", queue.name, command=["true"]))
+        status = e2e.wait_until_finished("placed", TIMEOUT)
+        pods = e2e.pods("placed")
+    finally:
+        nodes.remove(pool)
+    assert status["phase"] == "Succeeded", status
+    assert len(pods) == 2, pods
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == pool, pod["spec"]
+        assert pod["spec"]["nodeSelector"] == label
+        assert toleration in pod["spec"]["tolerations"]
 
 
 def test_preemption_stops_the_gang_gracefully_and_it_resumes_from_its_checkpoint(e2e, queue, shared_host_dir):

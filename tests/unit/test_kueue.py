@@ -169,3 +169,35 @@ def test_the_priority_class_value_is_read_for_the_workload():
     reconcile({**body(**{kueue.PRIORITY_LABEL: "high"})}, [], memory, kube=kube, settings=SETTINGS,
               post_event=lambda e: None, now=NOW)
     assert ("get_priority", "high") in kube.log
+
+
+def test_the_admitted_flavors_node_labels_and_tolerations_go_on_the_pods():
+    admitted = workload(cond("QuotaReserved", True), cond("Admitted", True), admission=True)
+    admitted["status"]["admission"]["podSetAssignments"][0]["flavors"] = {"cpu": "pool-a", "memory": "pool-a"}
+    assert kueue.view_workload(admitted).flavors == ("pool-a",)
+    toleration = {"key": "pool", "operator": "Equal", "value": "a", "effect": "NoSchedule"}
+    flavor = {"spec": {"nodeLabels": {"pool": "a"}, "tolerations": [toleration]}}
+    the_job = job(template=spec.PodTemplate(spec=spec.PodTemplateSpec(nodeSelector={"zone": "z1"})))
+    placed = kueue.with_flavors(the_job, [flavor])
+    assert placed.spec.template.spec.nodeSelector == {"pool": "a", "zone": "z1"}
+    assert list(placed.spec.template.spec.tolerations) == [toleration]
+    assert kueue.with_flavors(the_job, [{"spec": {}}]) is the_job  # a quota-only flavor changes nothing
+
+
+def test_an_admitted_gang_is_built_with_its_flavor():
+    admitted = workload(cond("QuotaReserved", True), cond("Admitted", True), admission=True)
+    admitted["status"]["admission"]["podSetAssignments"][0]["flavors"] = {"cpu": "pool-a"}
+
+    class FlavorKube(KueueKube):
+        def get_resource_flavor(self, name):
+            self.log.append(("get_flavor", name))
+            return {"spec": {"nodeLabels": {"pool": "a"}}}
+
+        def create_pods(self, pods):
+            self.selectors = [p["spec"].get("nodeSelector") for p in pods]
+            return super().create_pods(pods)
+
+    kube, memory = FlavorKube(), JobMemory()
+    run(kube, memory, kueue.view_workload(admitted))
+    assert ("get_flavor", "pool-a") in kube.log
+    assert kube.selectors == [{"pool": "a"}, {"pool": "a"}]

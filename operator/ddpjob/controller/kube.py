@@ -93,6 +93,8 @@ class KubeApi(Protocol):
 
     def get_workload_priority(self, name: str) -> int: ...
 
+    def get_resource_flavor(self, name: str) -> dict: ...
+
 
 class Kube:
     """The requests the operator makes. Tests substitute a fake with the same methods."""
@@ -243,3 +245,11 @@ class Kube:
         obj = self.request("GET", f"/apis/{kueue.GROUP}/{kueue.VERSION}/workloadpriorityclasses/{name}",
                            what=f"get WorkloadPriorityClass {name}")
         return int(obj.get("value") or 0)
+
+    def get_resource_flavor(self, name: str) -> dict:
+        """An admitted ResourceFlavor (its nodeLabels and tolerations go on the pods), read when
+        an admitted gang is created."""
+        from ddpjob.controller import kueue
+
+        return self.request("GET", f"/apis/{kueue.GROUP}/{kueue.VERSION}/resourceflavors/{name}",
+                            what=f"get ResourceFlavor {name}")

@@ -20,7 +20,7 @@ Plain data in, plain data out; reconcile.py does the requests.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from ddpjob.api import names
@@ -75,6 +75,7 @@ class WorkloadView:
     has_admission: bool = False
     cluster_queue: str = ""
     deleting: bool = False
+    flavors: tuple[str, ...] = ()  # the ResourceFlavors admitted for the pod set, sorted
 
     def condition(self, type_: str) -> Optional[Mapping[str, Any]]:
         return next((c for c in self.conditions if c.get("type") == type_), None)
@@ -96,7 +97,9 @@ def view_workload(obj: Mapping[str, Any]) -> WorkloadView:
         resource_version=str(meta.get("resourceVersion") or ""),
         conditions=tuple(dict(c) for c in status.get("conditions") or ()),
         has_admission=bool(admission), cluster_queue=str(admission.get("clusterQueue") or ""),
-        deleting=bool(meta.get("deletionTimestamp")))
+        deleting=bool(meta.get("deletionTimestamp")),
+        flavors=tuple(sorted({str(f) for a in admission.get("podSetAssignments") or ()
+                              if a.get("name") == POD_SET_NAME for f in (a.get("flavors") or {}).values()})))
 
 
 def build_workload(job: spec.DDPJob, priority: Optional[int] = None) -> dict[str, Any]:
@@ -118,6 +121,26 @@ def build_workload(job: spec.DDPJob, priority: Optional[int] = None) -> dict[str
     if job.uid:
         meta["ownerReferences"] = [builders.owner_reference(job)]
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Workload", "metadata": meta, "spec": wl_spec}
+
+
+def with_flavors(job: spec.DDPJob, flavors: Sequence[Mapping[str, Any]]) -> spec.DDPJob:
+    """The job as its pods are built once admitted: the admitted ResourceFlavors' ``nodeLabels``
+    added to the pods' nodeSelector and their ``tolerations`` to the pods' tolerations, as
+    Kueue's job reconciler does for its own kinds (a flavor per node pool). Kueue chose
+    flavors that agree with the template's own nodeSelector, so the template's keys win."""
+    labels: dict[str, str] = {}
+    tolerations: list[Mapping[str, Any]] = []
+    for flavor in flavors:
+        fspec = flavor.get("spec") or {}
+        labels.update(fspec.get("nodeLabels") or {})
+        tolerations.extend(t for t in fspec.get("tolerations") or () if t not in tolerations)
+    if not labels and not tolerations:
+        return job
+    tmpl = job.spec.template.spec
+    merged = replace(tmpl, nodeSelector={**labels, **dict(tmpl.nodeSelector)},
+                     tolerations=tuple(tmpl.tolerations) + tuple(t for t in tolerations if t not in tmpl.tolerations))
+    template = replace(job.spec.template, spec=merged)
+    return replace(job, spec=replace(job.spec, template=template))
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,11 @@ def reconcile(
                       force_delete_after=settings.force_delete_after_seconds,
                       hold=kueue.hold(job, status, workload))
     try:
-        requeue = _act(body, job, status, plan, memory, kube, post_event, now)
+        pods_job = job
+        if job is not None and plan.create_ranks and workload is not None and kueue.queue_name(job):
+            # Admitted: the pods go where the admitted ResourceFlavors say (node pool labels).
+            pods_job = kueue.with_flavors(job, [kube.get_resource_flavor(f) for f in workload.flavors])
+        requeue = _act(body, pods_job, status, plan, memory, kube, post_event, now)
         if job is not None and kueue.queue_name(job) is not None:
             _act_on_workload(job, plan, pods, workload, memory, kube, now)
     except ApiError as exc:
