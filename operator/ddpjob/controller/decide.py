@@ -14,7 +14,8 @@ Rules, in the order they apply:
 2. A finished job (Succeeded/Failed) stays finished. Its pods are cleaned up per
    cleanPodPolicy, and ttlSecondsAfterFinished deletes the DDPJob itself.
 3. ``suspend: true`` deletes every pod and holds the job Suspended; resuming recreates the gang
-   with fresh deadline clocks (as Kubernetes Jobs do).
+   with fresh deadline clocks (as Kubernetes Jobs do). A job that Kueue has not admitted, or
+   has evicted (``hold``, from controller/kueue.py), is held the same way in phase Queued.
 4. activeDeadlineSeconds, counted from status.startTime, fails the job (DeadlineExceeded).
 5. A new gang is created only once no pod of the job exists at all: never two gangs at once.
 6. Watching the gang: any failed, evicted or deleted pod fails the attempt. A permanent exit
