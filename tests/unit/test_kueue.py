@@ -201,3 +201,14 @@ def test_an_admitted_gang_is_built_with_its_flavor():
     run(kube, memory, kueue.view_workload(admitted))
     assert ("get_flavor", "pool-a") in kube.log
     assert kube.selectors == [{"pool": "a"}, {"pool": "a"}]
+
+
+def test_a_deleted_workload_stops_the_gang_and_is_created_again():
+    kube, memory = KueueKube(), JobMemory()
+    run(kube, memory)                      # creates it
+    run(kube, memory, ADMITTED)            # seen, admitted: the gang
+    pods = [pod_view(0), pod_view(1)]
+    run(kube, memory, None, pods)          # gone (someone deleted it)
+    assert kube.status["phase"] == "Queued"
+    assert ("delete", ("train-node-0", "train-node-1")) in kube.log
+    assert [e for e in kube.log if e[0] == "create_workload"] == [("create_workload", "ddpjob-train", 2)] * 2

@@ -39,6 +39,7 @@ class JobMemory:
     consecutive_errors: int = 0
     last_error: str = ""
     workload_created: Optional[str] = None  # the job uid whose Kueue Workload this process created
+    workload_seen: Optional[str] = None  # ... and whose Workload the watch has shown since
 
 
 def default_parse(obj: Mapping[str, Any]) -> spec.DDPJob:
@@ -186,11 +187,15 @@ def _act_on_workload(job: spec.DDPJob, plan: Plan, pods: Sequence[PodView],
     exists" is success), and write what Kueue must learn: finished, or the quota given back
     after an eviction once no pod is left."""
     status = memory.status or plan.status
-    if workload is None and not status.terminal and memory.workload_created != job.uid:
+    if workload is not None:
+        memory.workload_seen = job.uid
+    elif not status.terminal and (memory.workload_created != job.uid or memory.workload_seen == job.uid):
+        # Not created by this process yet, or seen and gone since (someone deleted it: the
+        # gang has been stopped, as Kueue does, and queues again with a new Workload).
         klass = kueue.priority_class(job)
         priority = kube.get_workload_priority(klass) if klass else None
         kube.create_workload(kueue.build_workload(job, priority))
-        memory.workload_created = job.uid
+        memory.workload_created, memory.workload_seen = job.uid, None
     left = kueue.pods_of(job, [p for p in pods if p.uid not in memory.gone_uids])
     update = kueue.workload_status_update(job, status, workload, left, now)
     if update is not None and workload is not None:
