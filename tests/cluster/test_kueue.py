@@ -185,31 +185,35 @@ def test_two_jobs_compete_for_a_quota_of_one_gang(e2e, queue, shared_host_dir):
     assert status["phase"] == "Succeeded", (status, seen)
     # No pod of the second job existed before the first had finished: one attempt, one gang.
     assert second_pods.pods_per_rank(status["restartAttempt"]) == {0: 1, 1: 1}, seen
+    assert len(second_pods.snapshot()) == 2, seen
     assert e2e.wait_for_event("second", "Admitted")
 
 
 def test_a_job_larger_than_the_whole_quota_says_so_and_creates_nothing(e2e, queue):
     queue.make(cpu="2")
-    e2e.create(queued_manifest(e2e, "huge", queue.name, nnodes=3, command=["true"]))
-    status = e2e.wait_for_status(
-        "huge", lambda s: s.get("phase") == "Queued" and "insufficient quota" in s.get("message", ""),
-        TIMEOUT, "Queued: insufficient quota")
+    with PodRecorder(e2e, "huge") as pods:
+        e2e.create(queued_manifest(e2e, "huge", queue.name, nnodes=3, command=["true"]))
+        status = e2e.wait_for_status(
+            "huge", lambda s: s.get("phase") == "Queued" and "insufficient quota" in s.get("message", ""),
+            TIMEOUT, "Queued: insufficient quota")
+        wl = workload(e2e, "huge")
     assert "3 pod(s) as one unit" in status["message"], status
-    wl = workload(e2e, "huge")
+    assert "maximum capacity" in status["message"], status  # Kueue's own words: it can never fit
     assert wl["spec"]["podSets"][0]["count"] == 3 and not _condition(wl, "QuotaReserved"), wl
-    assert not e2e.pods("huge") and e2e.service("huge") is None
+    assert not pods.snapshot() and e2e.service("huge") is None
 
 
 def test_deleting_a_queued_job_removes_its_workload(e2e, queue, shared_host_dir):
     queue.make(cpu="2")
     e2e.create(gated_job(e2e, "holder", queue.name, shared_host_dir))
     e2e.wait_for_phase("holder", "Running", TIMEOUT)
-    e2e.create(gated_job(e2e, "waiter", queue.name, shared_host_dir))
-    e2e.wait_for_phase("waiter", "Queued", TIMEOUT)
-    e2e.cluster.wait_for(lambda: workload(e2e, "waiter"), 30, "the waiter's Workload")
-    e2e.delete_job("waiter")
-    e2e.cluster.wait_for(lambda: not workload(e2e, "waiter"), 60, "the waiter's Workload deleted")
-    assert not e2e.pods("waiter")
+    with PodRecorder(e2e, "waiter") as waiter_pods:
+        e2e.create(gated_job(e2e, "waiter", queue.name, shared_host_dir))
+        e2e.wait_for_phase("waiter", "Queued", TIMEOUT)
+        e2e.cluster.wait_for(lambda: workload(e2e, "waiter"), 30, "the waiter's Workload")
+        e2e.delete_job("waiter")
+        e2e.cluster.wait_for(lambda: not workload(e2e, "waiter"), 60, "the waiter's Workload deleted")
+    assert not waiter_pods.snapshot()  # never a pod, not even for a moment
     # The running job is untouched, and still finishes.
     open_gate(e2e, str(Path(shared_host_dir) / "holder"), "holder-node-0", "/gate")
     assert e2e.wait_until_finished("holder", TIMEOUT)["phase"] == "Succeeded"
