@@ -1,5 +1,5 @@
 # One-line entry points; each calls a script under scripts/ that does the work.
-.PHONY: setup example test test-unit generate build-control-plane images kind-up kind-down e2e-kind bench
+.PHONY: setup example test test-unit generate build-control-plane build-kueue images kind-up kind-down e2e-kind bench
 
 setup:            ## install the project with pinned dependencies
 	bash scripts/setup.sh
@@ -18,6 +18,9 @@ generate:         ## regenerate manifests/crd.yaml and docs/api.md from the API 
 
 build-control-plane:  ## build etcd + kube-apiserver/controller-manager/scheduler once (cached)
 	bash scripts/build-control-plane.sh
+
+build-kueue:      ## build Kueue v0.17.0's controller manager once (cached) for the Kueue tests
+	bash scripts/build-kueue.sh
 
 images:           ## the trainer and operator images (offline: Debian base + wheels from PyPI)
 	bash scripts/images.sh

@@ -261,13 +261,13 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
     assert header == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE"]
     wide = kubectl("get", "ddpj", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "EPOCH", "LOSS",
-                               "THROUGHPUT", "REASON", "AGE"]
+                               "THROUGHPUT", "REASON", "QUEUE", "AGE"]
     assert wide[1].split()[0] == "columns"
 
     table = _table(cluster.api_client, namespace)
     columns = [c["name"] for c in table["columnDefinitions"]]
     assert columns == ["Name", "Phase", "Ready", "Restarts", "Progress", "ETA", "Epoch", "Loss", "Throughput",
-                       "Reason", "Age"]
+                       "Reason", "Queue", "Age"]
     [row] = table["rows"]
     cells = dict(zip(columns, row["cells"]))
     status = row["object"].get("status", {})

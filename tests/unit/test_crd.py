@@ -91,6 +91,7 @@ def test_printer_columns_read_status_fields_not_conditions():
                        ("ETA", ".status.progress.eta", 0), ("Epoch", ".status.progress.epoch", 1),
                        ("Loss", ".status.progress.loss", 1), ("Throughput", ".status.progress.throughput", 1),
                        ("Reason", ".status.reason", 1),
+                       ("Queue", ".metadata.labels.kueue\\.x-k8s\\.io/queue-name", 1),
                        ("Age", ".metadata.creationTimestamp", 0)]
 
 
@@ -104,7 +105,7 @@ def test_status_schema_is_the_one_in_the_design_notes():
         "summary", "eta", "step", "totalSteps", "epoch", "epochs", "loss", "throughput", "etaSeconds",
         "lastReportTime", "ranksReporting", "attempt"]
     assert props["progress"]["properties"]["loss"]["type"] == "number"
-    assert props["phase"]["enum"] == ["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+    assert props["phase"]["enum"] == ["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Queued"]
     assert list(props["failedNode"]["properties"]) == ["nodeRank", "pod", "exitCode", "reason", "message"]
     assert list(props["nodes"]["items"]["properties"]) == ["nodeRank", "pod", "phase", "ready", "exitCode",
                                                            "reason", "message", "nodeName"]

@@ -256,8 +256,8 @@ def test_no_handler_makes_kopf_add_a_finalizer():
     registry = kopf.get_default_registry()
     assert registry._changing.get_all_handlers() == [] and registry._spawning.get_all_handlers() == []
     # (kopf adds finalizers only for changing/deletion handlers and daemons/timers: none here)
-    assert {h.id for h in registry._indexing.get_all_handlers()} == {"ddpjob_pods"}
-    assert {h.id for h in registry._watching.get_all_handlers()} == {"pod_event", "ddpjob_event"}
+    assert {h.id for h in registry._indexing.get_all_handlers()} == {"ddpjob_pods", "ddpjob_workloads"}
+    assert {h.id for h in registry._watching.get_all_handlers()} == {"pod_event", "ddpjob_event", "workload_event"}
 
 
 def test_kopf_state_lives_under_the_project_group_and_only_our_pods_are_watched():

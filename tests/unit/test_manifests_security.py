@@ -98,4 +98,10 @@ def test_operator_rbac_is_least_privilege():
         "pods": {"list", "watch", "create", "delete"},
         "services": {"create"},
         "events": {"create"},
+        # Kueue (docs/kueue.md): the Workload of a queued job, its Finished/requeue status, and
+        # the reads: the value of the WorkloadPriorityClass a job names, the admitted flavors.
+        "workloads": {"list", "watch", "create"},
+        "workloads/status": {"patch"},
+        "workloadpriorityclasses": {"get"},
+        "resourceflavors": {"get"},
     }

@@ -29,6 +29,9 @@ def printer_columns() -> list[dict]:
         {"name": "Throughput", "type": "number", "jsonPath": ".status.progress.throughput",
          "description": "samples per second", "priority": 1},
         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+        # The Kueue LocalQueue a queued job waits in (docs/kueue.md).
+        {"name": "Queue", "type": "string", "jsonPath": ".metadata.labels.kueue\\.x-k8s\\.io/queue-name",
+         "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -21,7 +21,9 @@ RESTARTING = "Restarting"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
-PHASES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+#: Waiting for Kueue to admit the whole gang (or stopped by a Kueue eviction): no pods.
+QUEUED = "Queued"
+PHASES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED, QUEUED)
 TERMINAL_PHASES = frozenset({SUCCEEDED, FAILED})
 
 # Condition types, in the order they are listed.

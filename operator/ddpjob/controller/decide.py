@@ -14,7 +14,8 @@ Rules, in the order they apply:
 2. A finished job (Succeeded/Failed) stays finished. Its pods are cleaned up per
    cleanPodPolicy, and ttlSecondsAfterFinished deletes the DDPJob itself.
 3. ``suspend: true`` deletes every pod and holds the job Suspended; resuming recreates the gang
-   with fresh deadline clocks (as Kubernetes Jobs do).
+   with fresh deadline clocks (as Kubernetes Jobs do). A job that Kueue has not admitted, or
+   has evicted (``hold``, from controller/kueue.py), is held the same way in phase Queued.
 4. activeDeadlineSeconds, counted from status.startTime, fails the job (DeadlineExceeded).
 5. A new gang is created only once no pod of the job exists at all: never two gangs at once.
 6. Watching the gang: any failed, evicted or deleted pod fails the attempt. A permanent exit
@@ -35,8 +36,8 @@ from ddpjob.api import failure_policy
 from ddpjob.api import names
 from ddpjob.api import spec
 from ddpjob.api.status import (
-    CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, NODE_MESSAGE_LIMIT, PENDING, RESTARTING, RUNNING,
-    SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState,
+    CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, NODE_MESSAGE_LIMIT, PENDING, QUEUED, RESTARTING,
+    RUNNING, SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState,
 )
 from ddpjob.api import progress as progress_reports
 from ddpjob.controller.status import format_time, parse_time, shorten, terminal_reason, truncate, with_phase
@@ -230,6 +231,7 @@ def decide(
     creation_errors: Optional[Mapping[int, str]] = None,
     force_delete_after: float = 60.0,
     progress: Optional[progress_reports.GangProgress] = None,
+    hold: Optional[Any] = None,
 ) -> Plan:
     """The next step for ``job``.
 
@@ -239,6 +241,8 @@ def decide(
     to create ranks of the current attempt (a ResourceQuota, say), to name in the status.
     ``progress``: what the ranks of the current attempt reported (controller.progress), for
     status.progress and hang detection (failurePolicy.progressTimeoutSeconds).
+    ``hold``: Kueue has not admitted the gang, or evicted it (``kueue.Hold``: reason, message):
+    the job holds no pods, as if suspended, in phase Queued.
     """
     status = replace(status, observedGeneration=generation if generation is not None else status.observedGeneration)
     status = _adopt_newer_attempt(job, status, pods, now)
@@ -255,6 +259,8 @@ def decide(
         plan = _finished(job, status, pods, now)
     elif job.spec.suspend:
         plan = _suspend(job, status, pods, now)
+    elif hold is not None:
+        plan = _suspend(job, status, pods, now, phase=QUEUED, reason=hold.reason, why=hold.message)
     elif deadline_left is not None and deadline_left <= 0:
         plan = _fail(job, status, pods, now, "DeadlineExceeded",
                      f"activeDeadlineSeconds ({job.spec.activeDeadlineSeconds}s) exceeded")
@@ -267,7 +273,7 @@ def decide(
         # An estimate of time left means nothing while the gang is not training.
         plan = replace(plan, status=replace(plan.status, progress=replace(
             plan.status.progress, eta="", etaSeconds=None)))
-    if plan.status.phase not in (SUCCEEDED, FAILED, SUSPENDED):
+    if plan.status.phase not in (SUCCEEDED, FAILED, SUSPENDED, QUEUED):
         plan = replace(plan, requeue_after=_earliest(plan.requeue_after, _deadline_left(job, plan.status, now)))
     return replace(plan, force_delete=force, requeue_after=_earliest(plan.requeue_after, force_due))
 
@@ -373,18 +379,23 @@ def _fail(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.
 
 
 # --- 3. suspend -------------------------------------------------------------------------------
-def _suspend(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime) -> Plan:
+def _suspend(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime, *,
+             phase: str = SUSPENDED, reason: str = "Suspended", why: str = "spec.suspend is true") -> Plan:
+    """Suspended by spec.suspend, or Queued by Kueue (not admitted yet, or evicted): no pods."""
     events: tuple[Event, ...] = ()
-    if status.phase != SUSPENDED:
+    if status.phase not in (SUSPENDED, QUEUED):
         # The next gang gets a new attempt number if this one had pods, so any straggler of the
         # old one is told apart; the deadline clock restarts on resume (startTime cleared).
         attempt = status.restartAttempt + 1 if status.is_true(CREATED) else status.restartAttempt
         status = replace(status, restartAttempt=attempt, startTime=None, readyNodes=0, nodes=())
-        events = (Event("Normal", "Suspended", "Job suspended: deleting its pods"),)
+        events = ((Event("Normal", "Suspended", "Job suspended: deleting its pods"),) if phase == SUSPENDED
+                  else (Event("Normal", reason, why + (": deleting its pods" if pods else "")),))
+    elif status.phase != phase or status.reason != reason:
+        events = (Event("Normal", reason, why),)
     pods = _ours(job, pods)
-    message = "spec.suspend is true" + (f": waiting for {len(pods)} pod(s) to terminate" if pods else "")
-    status = with_phase(status, SUSPENDED, "Suspended", message, now, created=False,
-                        created_reason="Suspended", created_message="spec.suspend is true")
+    message = why + (f": waiting for {len(pods)} pod(s) to terminate" if pods else "")
+    status = with_phase(status, phase, reason, message, now, created=False,
+                        created_reason=reason, created_message=why)
     return Plan(status=status, delete=_deletable(pods), events=events)
 
 
@@ -394,6 +405,8 @@ def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], n
     events: list[Event] = []
     if status.phase == SUSPENDED:
         events.append(Event("Normal", "Resumed", "Job resumed: recreating its pods"))
+    elif status.phase == QUEUED:
+        events.append(Event("Normal", "Admitted", "Admitted by Kueue: creating its pods"))
     phase = RESTARTING if status.phase == RESTARTING else PENDING
     # Never two gangs at once: our old pods must be gone first, and so must any other pod with
     # the name of one of the new ones (a deleted namesake job's, going by garbage collection),
@@ -401,7 +414,8 @@ def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], n
     child_names = {names.node_pod_name(job.name, rank) for rank in range(nnodes)}
     pods = [p for p in pods if _is_ours(job, p) or p.name in child_names]
     if pods:
-        reason = status.reason if phase == RESTARTING else ("Resuming" if status.phase == SUSPENDED else "Waiting")
+        reason = status.reason if phase == RESTARTING else (
+            "Resuming" if status.phase in (SUSPENDED, QUEUED) else "Waiting")
         message = f"waiting for {len(pods)} old pod(s) to terminate before creating attempt {attempt}: {_names(pods)}"
         foreign = [p for p in pods if not _is_ours(job, p) and not p.deleting]
         if foreign:

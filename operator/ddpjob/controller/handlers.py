@@ -30,6 +30,7 @@ from typing import Any, Mapping, Optional
 import kopf
 
 from ddpjob.api import names
+from ddpjob.controller import kueue
 from ddpjob.controller.decide import Event, PodView, view_pod
 from ddpjob.controller import metrics
 from ddpjob.controller.kube import Kube
@@ -43,7 +44,8 @@ class _QuietWatchHandlers(logging.Filter):
     """kopf logs "Handler 'pod_event' succeeded." at INFO for every watch event: thousands of
     lines (and CPU) for one big gang, saying nothing. Failures are still logged."""
 
-    QUIET = tuple(f"Handler {name!r} succeeded" for name in ("pod_event", "ddpjob_event", "ddpjob_pods"))
+    QUIET = tuple(f"Handler {name!r} succeeded" for name in (
+        "pod_event", "ddpjob_event", "ddpjob_pods", "workload_event", "ddpjob_workloads"))
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and any(q in record.getMessage() for q in self.QUIET))
@@ -107,9 +109,24 @@ async def pod_event(body: Mapping[str, Any], **_: Any) -> None:
     RUNTIME.wake((str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME))))
 
 
+# Kueue's Workloads of queued DDPJobs (docs/kueue.md). Without Kueue's CRDs kopf serves nothing
+# here and keeps watching for them to appear; jobs without the queue label never have one.
+@kopf.index(kueue.GROUP, kueue.VERSION, kueue.WORKLOAD_PLURAL, labels=POD_FILTER)
+async def ddpjob_workloads(body: Mapping[str, Any], **_: Any) -> dict[JobKey, kueue.WorkloadView]:
+    meta = body.get("metadata") or {}
+    return {(str(meta.get("namespace")), str(meta["labels"][names.LABEL_JOB_NAME])): kueue.view_workload(body)}
+
+
+@kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOAD_PLURAL, labels=POD_FILTER)
+async def workload_event(body: Mapping[str, Any], **_: Any) -> None:
+    meta = body.get("metadata") or {}
+    RUNTIME.wake((str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME))))
+
+
 @kopf.on.event(names.API_GROUP, names.API_VERSION, names.PLURAL)
-async def ddpjob_event(event: Mapping[str, Any], ddpjob_pods: Mapping[JobKey, Any], **_: Any) -> None:
-    RUNTIME.observe(event.get("type"), event["object"], ddpjob_pods)
+async def ddpjob_event(event: Mapping[str, Any], ddpjob_pods: Mapping[JobKey, Any],
+                       ddpjob_workloads: Optional[Mapping[JobKey, Any]] = None, **_: Any) -> None:
+    RUNTIME.observe(event.get("type"), event["object"], ddpjob_pods, ddpjob_workloads)
 
 
 # ---------------------------------------------------------------------------------------------

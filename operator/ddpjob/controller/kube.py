@@ -88,6 +88,15 @@ class KubeApi(Protocol):
 
     def delete_job(self, namespace: str, name: str, uid: Optional[str]) -> None: ...
 
+    # Kueue (only for a DDPJob that names a LocalQueue; docs/kueue.md)
+    def create_workload(self, workload: dict) -> None: ...
+
+    def patch_workload_status(self, namespace: str, name: str, patch: dict) -> None: ...
+
+    def get_workload_priority(self, name: str) -> int: ...
+
+    def get_resource_flavor(self, name: str) -> dict: ...
+
 
 class Kube:
     """The requests the operator makes. Tests substitute a fake with the same methods."""
@@ -212,3 +221,41 @@ class Kube:
         except ApiError as exc:
             if not exc.not_found:
                 raise
+
+    # --- Kueue (docs/kueue.md) -------------------------------------------------------------------
+    def create_workload(self, workload: dict) -> None:
+        """The Workload of a queued DDPJob; "already exists" is success (deterministic name)."""
+        ns, name = workload["metadata"]["namespace"], workload["metadata"]["name"]
+        group_version = workload["apiVersion"]
+        try:
+            self.request("POST", f"/apis/{group_version}/namespaces/{ns}/workloads", workload,
+                         what=f"create Workload {name}")
+        except ApiError as exc:
+            if not exc.already_exists:
+                raise
+
+    def patch_workload_status(self, namespace: str, name: str, patch: dict) -> None:
+        """Merge-patch a Workload's status. The patch carries the resourceVersion it was computed
+        from: a 409 means Kueue wrote first, and the next watch event brings a new pass."""
+        from ddpjob.controller import kueue
+
+        path = f"/apis/{kueue.GROUP}/{kueue.VERSION}/namespaces/{namespace}/workloads/{name}/status"
+        self.request("PATCH", path, patch, what=f"patch status of Workload {name}",
+                     content_type="application/merge-patch+json")
+
+    def get_workload_priority(self, name: str) -> int:
+        """The value of a WorkloadPriorityClass: the one read the operator makes, once per
+        Workload it creates (Kueue's webhook does not fill a Workload's priority in)."""
+        from ddpjob.controller import kueue
+
+        obj = self.request("GET", f"/apis/{kueue.GROUP}/{kueue.VERSION}/workloadpriorityclasses/{name}",
+                           what=f"get WorkloadPriorityClass {name}")
+        return int(obj.get("value") or 0)
+
+    def get_resource_flavor(self, name: str) -> dict:
+        """An admitted ResourceFlavor (its nodeLabels and tolerations go on the pods), read when
+        an admitted gang is created."""
+        from ddpjob.controller import kueue
+
+        return self.request("GET", f"/apis/{kueue.GROUP}/{kueue.VERSION}/resourceflavors/{name}",
+                            what=f"get ResourceFlavor {name}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ddpjob import contract
-from ddpjob.controller import builders
+from ddpjob.controller import builders, kueue
 from ddpjob.controller import metrics
 from ddpjob.api import progress as progress_reports
 from ddpjob.controller.progress import poll_pods
@@ -45,6 +45,8 @@ class JobMemory:
     progress: Optional[progress_reports.GangProgress] = None  # the current attempt's reports
     next_poll: Optional[dt.datetime] = None  # when to ask the pods for progress again
     progress_written: Optional[dt.datetime] = None  # the last status write for progress alone
+    workload_created: Optional[str] = None  # the job uid whose Kueue Workload this process created
+    workload_seen: Optional[str] = None  # ... and whose Workload the watch has shown since
 
 
 Poll = Callable[[Sequence[str], int, float], list]
@@ -67,9 +69,11 @@ def reconcile(
     now: Optional[dt.datetime] = None,
     parse: Parse = default_parse,
     poll: Optional[Poll] = None,
+    workload: Optional[kueue.WorkloadView] = None,
 ) -> Optional[float]:
     """Bring the job one step closer to its spec; returns seconds until a clock needs another
-    pass (None: only a change will), or the retry backoff after an error."""
+    pass (None: only a change will), or the retry backoff after an error. ``workload``: the
+    job's Kueue Workload as the watch last saw it (only for a job that names a LocalQueue)."""
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None  # being deleted: the garbage collector takes the children
@@ -90,9 +94,16 @@ def reconcile(
         plan = decide(job, status, pods, now, generation=meta.get("generation"),
                       created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
                       creation_errors=memory.refused.get(status.restartAttempt, {}),
-                      force_delete_after=settings.force_delete_after_seconds, progress=progress)
+                      force_delete_after=settings.force_delete_after_seconds, progress=progress,
+                      hold=kueue.hold(job, status, workload))
     try:
-        requeue = _act(body, job, status, plan, memory, kube, post_event, now, settings)
+        pods_job = job
+        if job is not None and plan.create_ranks and workload is not None and kueue.queue_name(job):
+            # Admitted: the pods go where the admitted ResourceFlavors say (node pool labels).
+            pods_job = kueue.with_flavors(job, [kube.get_resource_flavor(f) for f in workload.flavors])
+        requeue = _act(body, pods_job, status, plan, memory, kube, post_event, now, settings)
+        if job is not None and kueue.queue_name(job) is not None:
+            _act_on_workload(job, plan, pods, workload, memory, kube, now)
         if plan.status.phase == RUNNING:
             if memory.next_poll is None:  # the gang just started running: ask at the next pass
                 memory.next_poll = now
@@ -229,6 +240,28 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ApiError(first.status, first.reason, first.message + more, first.what)
     return _soonest(plan.requeue_after, deferred)
+
+
+def _act_on_workload(job: spec.DDPJob, plan: Plan, pods: Sequence[PodView],
+                     workload: Optional[kueue.WorkloadView], memory: JobMemory, kube: KubeApi,
+                     now: dt.datetime) -> None:
+    """Create the job's Workload if the watch has not shown it yet (once per job: "already
+    exists" is success), and write what Kueue must learn: finished, or the quota given back
+    after an eviction once no pod is left."""
+    status = memory.status or plan.status
+    if workload is not None:
+        memory.workload_seen = job.uid
+    elif not status.terminal and (memory.workload_created != job.uid or memory.workload_seen == job.uid):
+        # Not created by this process yet, or seen and gone since (someone deleted it: the
+        # gang has been stopped, as Kueue does, and queues again with a new Workload).
+        klass = kueue.priority_class(job)
+        priority = kube.get_workload_priority(klass) if klass else None
+        kube.create_workload(kueue.build_workload(job, priority))
+        memory.workload_created, memory.workload_seen = job.uid, None
+    left = kueue.pods_of(job, [p for p in pods if p.uid not in memory.gone_uids])
+    update = kueue.workload_status_update(job, status, workload, left, now)
+    if update is not None and workload is not None:
+        kube.patch_workload_status(job.namespace, workload.name, update)
 
 
 def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,

@@ -37,8 +37,10 @@ def job_key(obj: Mapping[str, Any]) -> JobKey:
 class JobWorker:
     """Reconciles one DDPJob whenever woken; one pass at a time."""
 
-    def __init__(self, runtime: "Runtime", body: Mapping[str, Any], pods: Mapping[JobKey, Any]):
+    def __init__(self, runtime: "Runtime", body: Mapping[str, Any], pods: Mapping[JobKey, Any],
+                 workloads: Optional[Mapping[JobKey, Any]] = None):
         self.runtime, self.body, self.pods = runtime, body, pods
+        self.workloads = workloads if workloads is not None else {}
         self.key = job_key(body)
         self.uid = (body.get("metadata") or {}).get("uid")
         self.memory = JobMemory()
@@ -59,11 +61,12 @@ class JobWorker:
                    "%s/%s: %s: %s", *self.key, event.reason, event.message)
         self.runtime.emit_event(self.body, event)
 
-    def reconcile_once(self, pods: list[PodView]) -> Optional[float]:
+    def reconcile_once(self, pods: list[PodView], workload: Any = None) -> Optional[float]:
         started = time.perf_counter()
         try:
             return reconcile(self.body, pods, self.memory, kube=self.runtime.kube,
-                             settings=self.runtime.settings, post_event=self.post_event)
+                             settings=self.runtime.settings, post_event=self.post_event,
+                             workload=workload)
         finally:
             metrics.RECONCILES.inc()
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
@@ -80,13 +83,15 @@ class JobWorker:
             await asyncio.sleep(self.runtime.settings.coalesce_seconds)  # let sibling events land
             self.wakeup.clear()
             pods = list(self.pods[self.key]) if self.key in self.pods else []  # on the loop thread
+            # The job's Kueue Workload (an index store of one), only for a queued job.
+            workload = next(iter(self.workloads[self.key]), None) if self.key in self.workloads else None
             context = contextvars.copy_context()  # kopf's event queue, for post_event in the thread
             # A job without pods is about to create its gang: seconds of POSTs when the API server
             # is busy. Those passes get their own threads, so the passes of running jobs (a status
             # write each) never queue behind a burst of new jobs (benchmarks/README.md, many jobs).
             pool = self.runtime.pool if pods else self.runtime.gang_pool
             try:
-                requeue = await loop.run_in_executor(pool, context.run, self.reconcile_once, pods)
+                requeue = await loop.run_in_executor(pool, context.run, self.reconcile_once, pods, workload)
             except Exception:  # a bug, not an API error (those are reported by reconcile)
                 logger.exception("%s/%s: reconcile pass crashed", *self.key)
                 requeue = UNEXPECTED_ERROR_DELAY
@@ -128,7 +133,8 @@ class Runtime:
                                          if w.memory.status is not None])
         self.gang_pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-gang")
 
-    def observe(self, event_type: Optional[str], body: Mapping[str, Any], pods: Mapping[JobKey, Any]) -> None:
+    def observe(self, event_type: Optional[str], body: Mapping[str, Any], pods: Mapping[JobKey, Any],
+                workloads: Optional[Mapping[JobKey, Any]] = None) -> None:
         key, uid = job_key(body), (body.get("metadata") or {}).get("uid")
         worker = self.workers.get(key)
         if worker is not None and (event_type == "DELETED" or worker.uid != uid):
@@ -141,7 +147,7 @@ class Runtime:
         if event_type == "DELETED":
             return
         if worker is None:
-            self.workers[key] = JobWorker(self, body, pods)
+            self.workers[key] = JobWorker(self, body, pods, workloads)
         else:
             worker.update(body)
 

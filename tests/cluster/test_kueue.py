@@ -1,0 +1,289 @@
+"""End-to-end against the real Kueue (v0.17.0, built by scripts/build-kueue.sh): a DDPJob that
+names a LocalQueue runs only when its whole gang fits the ClusterQueue's quota (docs/kueue.md).
+
+Each test gets its own ResourceFlavor, ClusterQueue and LocalQueue (cluster-scoped names carry
+the namespace), so the quota of one test never admits another's jobs.
+"""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from pathlib import Path
+
+import pytest
+
+from ddpjob.controller import kueue as kueue_api
+
+from .e2e_support import (  # noqa: F401 - e2e is a fixture
+    ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
+    gate_command, hostpath_volume, open_gate, trainer_events,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.kueue]
+TIMEOUT = 240
+TRAINING_TIMEOUT = 400
+GROUP = kueue_api.GROUP
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster):
+    """Kueue's controller manager on the local test bed for this module's tests."""
+    if cluster.testbed is None:
+        pytest.skip("the Kueue tests start Kueue as a host process: they need the local test bed")
+    from tests.testbed.kueue import Kueue, kueue_folder
+
+    try:
+        folder = kueue_folder()
+    except RuntimeError as error:
+        pytest.skip(f"Kueue could not be built (scripts/build-kueue.sh): {error}")
+    handle = Kueue(folder, cluster.testbed.control_plane, cluster.kubectl, cluster.run_dir,
+                   cluster.testbed.pidfile)
+    try:
+        handle.start()
+        yield handle
+    finally:
+        handle.stop()
+
+
+def operator_watches_workloads(cluster) -> bool:
+    """The operator (a ServiceAccount, so in the audit log) has listed or watched Workloads."""
+    log = cluster.testbed.control_plane.audit_log
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else ():
+        if "/apis/kueue.x-k8s.io/v1beta2/workloads" in line and "ddpjob-operator" in line:
+            return True
+    return False
+
+
+@pytest.fixture
+def watched(e2e, kueue, cluster):
+    """The operator serves Workloads. kopf rescans the API after each CRD event; when the last
+    Kueue CRD became discoverable only after the last such event, it has not seen Workloads
+    yet (docs/kueue.md: install Kueue first, or restart the operator). One more CRD event
+    makes it look again, as an administrator's restart would."""
+    def seen() -> bool:
+        if operator_watches_workloads(cluster):
+            return True
+        cluster.kubectl("annotate", "crd", f"workloads.{GROUP}", "--overwrite",
+                        f"ddpjob.dev/testbed-rescan={secrets.token_hex(4)}")
+        return False
+
+    cluster.wait_for(seen, 60, "the operator watching Workloads", interval=2)
+
+
+@pytest.fixture
+def queue(e2e, kueue, watched):
+    """A LocalQueue ``<ns>`` in the test's namespace, pointing at its own ClusterQueue with
+    ``cpu`` quota (set by the test through ``queue.make(cpu=...)``); removed afterwards."""
+    created: list[tuple[str, str]] = []
+
+    class Queue:
+        name = "team"
+        cluster_queue = f"cq-{e2e.namespace}"
+
+        def make(self, cpu: str, preemption: bool = False, flavor_spec: dict | None = None) -> "Queue":
+            flavor = f"flavor-{e2e.namespace}"
+            cq_spec = {
+                "namespaceSelector": {},
+                "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+                    {"name": flavor, "resources": [{"name": "cpu", "nominalQuota": cpu}]}]}],
+            }
+            if preemption:
+                cq_spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+            objects = [
+                {"apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor},
+                 **({"spec": flavor_spec} if flavor_spec else {})},
+                {"apiVersion": f"{GROUP}/v1beta2", "kind": "ClusterQueue",
+                 "metadata": {"name": self.cluster_queue}, "spec": cq_spec},
+                {"apiVersion": f"{GROUP}/v1beta2", "kind": "LocalQueue",
+                 "metadata": {"name": self.name, "namespace": e2e.namespace},
+                 "spec": {"clusterQueue": self.cluster_queue}},
+            ]
+            e2e.cluster.kubectl.apply_yaml(objects)
+            created.extend([("resourceflavor", flavor), ("clusterqueue", self.cluster_queue)])
+            e2e.cluster.wait_for(lambda: _condition(_get(e2e, "clusterqueue", self.cluster_queue), "Active"),
+                                 60, f"ClusterQueue {self.cluster_queue} Active")
+            e2e.cluster.wait_for(lambda: _condition(_get(e2e, "localqueue", self.name, e2e.namespace), "Active"),
+                                 60, f"LocalQueue {self.name} Active")
+            return self
+
+        def priority_class(self, name: str, value: int) -> str:
+            full = f"{name}-{e2e.namespace}"
+            e2e.cluster.kubectl.apply_yaml({"apiVersion": f"{GROUP}/v1beta2", "kind": "WorkloadPriorityClass",
+                                            "metadata": {"name": full}, "value": value})
+            created.append(("workloadpriorityclass", full))
+            return full
+
+    yield Queue()
+    e2e.cluster.kubectl("delete", "ddpjobs", "--all", "-n", e2e.namespace, "--wait=true", check=False)
+    for kind, name in reversed(created):
+        e2e.cluster.kubectl("delete", kind, name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _get(e2e, kind: str, name: str, namespace: str | None = None) -> dict:
+    args = ["get", f"{kind}.{GROUP}", name, "-o", "json"] + (["-n", namespace] if namespace else [])
+    result = e2e.cluster.kubectl(*args, check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else {}
+
+
+def _condition(obj: dict, type_: str) -> bool:
+    return any(c.get("type") == type_ and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or ())
+
+
+def workload(e2e, job: str) -> dict:
+    return _get(e2e, "workload", f"ddpjob-{job}", e2e.namespace)
+
+
+def queued_manifest(e2e, name: str, queue: str, *, cpu: str = "1", priority: str | None = None,
+                    **fields) -> dict:
+    manifest = ddpjob_manifest(name, e2e.image, resources={"requests": {"cpu": cpu}}, **fields)
+    labels = {kueue_api.QUEUE_LABEL: queue}
+    if priority:
+        labels[kueue_api.PRIORITY_LABEL] = priority
+    manifest["metadata"]["labels"] = labels
+    return manifest
+
+
+def gated_job(e2e, name: str, queue: str, host_dir: str, **fields) -> dict:
+    """Two nodes that wait for the test to create ``<host_dir>/<name>/go``, then succeed."""
+    folder = Path(host_dir) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return queued_manifest(
+        e2e, name, queue, command=gate_command("/gate", timeout_seconds=TRAINING_TIMEOUT),
+        volumeMounts=[{"name": "gate", "mountPath": "/gate"}],
+        template={"spec": {"volumes": [hostpath_volume("gate", str(folder))]}}, **fields)
+
+
+def test_two_jobs_compete_for_a_quota_of_one_gang(e2e, queue, shared_host_dir):
+    """Quota for one 2-node gang: the second job creates no pod and says it is queued, until
+    the first finishes and gives its quota back; then it runs."""
+    queue.make(cpu="2")
+    e2e.create(gated_job(e2e, "first", queue.name, shared_host_dir))
+    e2e.wait_for_phase("first", "Running", TIMEOUT)
+    with PodRecorder(e2e, "second") as second_pods:
+        e2e.create(gated_job(e2e, "second", queue.name, shared_host_dir))
+        queued = e2e.wait_for_status(
+            "second", lambda s: s.get("phase") == "Queued" and "quota" in s.get("message", ""),
+            TIMEOUT, "Queued for quota")
+        assert queued["reason"] == "Queued", queued
+        assert "LocalQueue team" in queued["message"], queued
+        wide = e2e.cluster.kubectl("get", "ddpjobs", "-n", e2e.namespace, "-o", "wide").stdout
+        header, *rows = [line.split() for line in wide.splitlines()]
+        assert "QUEUE" in header, wide
+        assert {row[0]: (row[1], "team" in row) for row in rows} == {
+            "first": ("Running", True), "second": ("Queued", True)}, wide
+        assert not e2e.pods("second")
+
+        open_gate(e2e, str(Path(shared_host_dir) / "first"), "first-node-0", "/gate")
+        assert e2e.wait_until_finished("first", TIMEOUT)["phase"] == "Succeeded"
+        assert _condition(workload(e2e, "first"), "Finished"), workload(e2e, "first")
+        e2e.wait_for_phase("second", "Running", TIMEOUT)
+        open_gate(e2e, str(Path(shared_host_dir) / "second"), "second-node-0", "/gate")
+        status = e2e.wait_until_finished("second", TIMEOUT)
+        seen = second_pods.describe()
+    assert status["phase"] == "Succeeded", (status, seen)
+    # No pod of the second job existed before the first had finished: one attempt, one gang.
+    assert second_pods.pods_per_rank(status["restartAttempt"]) == {0: 1, 1: 1}, seen
+    assert len(second_pods.snapshot()) == 2, seen
+    assert e2e.wait_for_event("second", "Admitted")
+
+
+def test_a_job_larger_than_the_whole_quota_says_so_and_creates_nothing(e2e, queue):
+    queue.make(cpu="2")
+    with PodRecorder(e2e, "huge") as pods:
+        e2e.create(queued_manifest(e2e, "huge", queue.name, nnodes=3, command=["true"]))
+        status = e2e.wait_for_status(
+            "huge", lambda s: s.get("phase") == "Queued" and "insufficient quota" in s.get("message", ""),
+            TIMEOUT, "Queued: insufficient quota")
+        wl = workload(e2e, "huge")
+    assert "3 pod(s) as one unit" in status["message"], status
+    assert "maximum capacity" in status["message"], status  # Kueue's own words: it can never fit
+    assert wl["spec"]["podSets"][0]["count"] == 3 and not _condition(wl, "QuotaReserved"), wl
+    assert not pods.snapshot() and e2e.service("huge") is None
+
+
+def test_deleting_a_queued_job_removes_its_workload(e2e, queue, shared_host_dir):
+    queue.make(cpu="2")
+    e2e.create(gated_job(e2e, "holder", queue.name, shared_host_dir))
+    e2e.wait_for_phase("holder", "Running", TIMEOUT)
+    with PodRecorder(e2e, "waiter") as waiter_pods:
+        e2e.create(gated_job(e2e, "waiter", queue.name, shared_host_dir))
+        e2e.wait_for_phase("waiter", "Queued", TIMEOUT)
+        e2e.cluster.wait_for(lambda: workload(e2e, "waiter"), 30, "the waiter's Workload")
+        e2e.delete_job("waiter")
+        e2e.cluster.wait_for(lambda: not workload(e2e, "waiter"), 60, "the waiter's Workload deleted")
+    assert not waiter_pods.snapshot()  # never a pod, not even for a moment
+    # The running job is untouched, and still finishes.
+    open_gate(e2e, str(Path(shared_host_dir) / "holder"), "holder-node-0", "/gate")
+    assert e2e.wait_until_finished("holder", TIMEOUT)["phase"] == "Succeeded"
+
+
+def test_the_admitted_flavor_places_the_gang_on_its_node_pool(e2e, queue, nodes):
+    """A ResourceFlavor with nodeLabels and tolerations (a tainted node pool): the admitted
+    gang's pods get both and run on that pool."""
+    pool = f"pool-{secrets.token_hex(3)}"
+    label = {"ddpjob.dev/testbed-pool": pool}
+    taint = {"key": "ddpjob.dev/testbed-pool", "value": pool, "effect": "NoSchedule"}
+    toleration = {"key": taint["key"], "operator": "Equal", "value": pool, "effect": "NoSchedule"}
+    nodes.add(pool, cpu="4", labels=label, taints=[taint])
+    try:
+        queue.make(cpu="2", flavor_spec={"nodeLabels": label, "tolerations": [toleration]})
+        e2e.create(queued_manifest(e2e, "placed", queue.name, command=["true"]))
+        status = e2e.wait_until_finished("placed", TIMEOUT)
+        pods = e2e.pods("placed")
+    finally:
+        nodes.remove(pool)
+    assert status["phase"] == "Succeeded", status
+    assert len(pods) == 2, pods
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == pool, pod["spec"]
+        assert pod["spec"]["nodeSelector"] == label
+        assert toleration in pod["spec"]["tolerations"]
+
+
+def test_preemption_stops_the_gang_gracefully_and_it_resumes_from_its_checkpoint(e2e, queue, shared_host_dir):
+    """A higher-priority job evicts a training job: its pods get SIGTERM and save a
+    checkpoint, it waits in the queue (no restart counted), and once the other job has
+    finished it is admitted again and resumes from that checkpoint."""
+    queue.make(cpu="2", preemption=True)
+    low, high = queue.priority_class("low", 100), queue.priority_class("high", 1000)
+    ckpt = Path(shared_host_dir) / "checkpoints"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    total_steps = 400
+    e2e.create(queued_manifest(
+        e2e, "train", queue.name, priority=low, env=ONE_THREAD_ENV,
+        args=[*TINY_TRAINING_ARGS, "--fake-size=3200", "--batch-size=16", "--epochs=4",
+              "--log-every=20", "--checkpoint-dir=/checkpoints", "--checkpoint-every=20"],
+        volumeMounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
+        template={"spec": {"volumes": [hostpath_volume("checkpoints", str(ckpt))],
+                           "terminationGracePeriodSeconds": 30}}))
+    e2e.wait_for_phase("train", "Running", TIMEOUT)
+    e2e.cluster.wait_for(lambda: checkpoint_steps(e2e, str(ckpt), "train-node-0", "/checkpoints"),
+                         TRAINING_TIMEOUT, "the first checkpoint", interval=0.2)
+    first_pod_uid = e2e.pod("train-node-0")["metadata"]["uid"]
+
+    e2e.create(gated_job(e2e, "urgent", queue.name, shared_host_dir, priority=high))
+    preempted = e2e.wait_for_status("train", lambda s: s.get("reason") == "Preempted", TIMEOUT, "Preempted")
+    assert preempted["phase"] == "Queued", preempted
+    e2e.wait_for_phase("urgent", "Running", TIMEOUT)
+    # The preempted gang stopped on SIGTERM and saved a checkpoint on its way out.
+    log = e2e.cluster.testbed.pod_log_path(e2e.namespace, "train-node-0", first_pod_uid).read_text()
+    stopped = re.search(r"stopped by signal 15 at step=(\d+)/\d+; checkpoint (\S+) saved", log)
+    assert stopped, log[-3000:]
+    assert not e2e.pods("train"), e2e.pod_summary("train")
+
+    open_gate(e2e, str(Path(shared_host_dir) / "urgent"), "urgent-node-0", "/gate")
+    assert e2e.wait_until_finished("urgent", TIMEOUT)["phase"] == "Succeeded"
+    status = e2e.wait_until_finished("train", TRAINING_TIMEOUT)
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 0 and status["restartAttempt"] == 1, status
+    log = e2e.wait_for_logs("train-node-0", "ddptrain: done")
+    start, = trainer_events(log, "start")
+    resumed_at = int(start["step"])
+    # ... from the checkpoint saved on SIGTERM, not an older periodic one.
+    assert resumed_at == int(stopped.group(1)) > 0, (stopped.group(0), log[-3000:])
+    assert f"resumed from {stopped.group(2)} at step={resumed_at}" in log, log[-3000:]
+    done, = trainer_events(log, "done")
+    assert int(done["step"]) == int(done["total_steps"]) == total_steps, done
+    assert _condition(workload(e2e, "train"), "Finished")
