@@ -115,7 +115,10 @@ class TrainingOperator:
         crd = self.folder / "crds" / "kubeflow.org_pytorchjobs.yaml"
         # Server-side: the CRD is too big for client-side apply's last-applied annotation.
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        self.kubectl("wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=60s")
+        wait_for(lambda: "True" in self.kubectl(
+            "get", "crd", "pytorchjobs.kubeflow.org", "-o",
+            "jsonpath={.status.conditions[?(@.type=='Established')].status}").stdout,
+            60, "the PyTorchJob CRD to be established", interval=0.5)
         module = self._module_dir()
         role = yaml.safe_load((module / "manifests" / "base" / "rbac" / "role.yaml").read_text())
         self.kubectl.apply_yaml(setup_documents(role))
@@ -163,7 +166,7 @@ class TrainingOperator:
         assert self.process is not None
         self.process.check_running()
         log = self.process.log_path.read_text(errors="replace")
-        return '"Starting workers"' in log and "pytorchjob" in log.lower()
+        return any("Starting workers" in line and "pytorchjob-controller" in line for line in log.splitlines())
 
     def stop(self) -> None:
         if self.process is not None:

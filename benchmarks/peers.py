@@ -63,7 +63,7 @@ def parser():
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
     p.add_argument("--runs", type=int, default=10, help="2-node start-latency runs per system")
     p.add_argument("--gang", type=int, default=256, help="nodes of the Pending gang")
-    p.add_argument("--gang-runs", type=int, default=2)
+    p.add_argument("--gang-runs", type=int, default=1)
     p.add_argument("--many", type=int, default=100, help="concurrent jobs")
     p.add_argument("--many-nnodes", type=int, default=4)
     p.add_argument("--recoveries", type=int, default=5)
@@ -229,7 +229,7 @@ def pending_gang(bed: bc.Bed, ctl: Controllers, system: System, size: int, runs:
     created, posts, spans, in_flight, requests = [], [], [], [], []
     with bed.namespace(f"peers-gang-{system.key}") as ns, Watch(bed, system, ns) as watch:
         for i in range(runs):
-            bc.settle()
+            bc.settle(timeout=20)  # the previous scenario's pods are torn down (bounded: a shared machine)
             watch.clear()
             name = f"gang-{i}"
             offset = bed.audit_offset()
@@ -253,7 +253,7 @@ def pending_gang(bed: bc.Bed, ctl: Controllers, system: System, size: int, runs:
 
 def many_jobs(bed: bc.Bed, ctl: Controllers, system: System, count: int, nnodes: int, settle: bool) -> dict[str, Any]:
     pid = ctl.pid(system)
-    settled_s = bc.settle() if settle else 0.0
+    settled_s = bc.settle(timeout=20) if settle else 0.0
     rss_before = bc.proc_memory_mib(pid)["rss_mib"]
     with bed.namespace(f"peers-many-{system.key}") as ns, Watch(bed, system, ns) as watch:
         names = [f"job-{i:03d}" for i in range(count)]
