@@ -30,6 +30,7 @@ class TimedRun:
     images_per_s: float  # between the stamps of step warmup and step total
     cpu_s: float  # every process of the run, start-up included
     window_images_per_s: list[float]  # each logged window after the warm-up
+    stdout: str = ""  # the run's output (its JSON progress lines: losses too)
 
 
 def base_parser(description: str, steps: int, repeats: int) -> argparse.ArgumentParser:
@@ -102,4 +103,5 @@ def timed_run(cmd: list[str], warmup: int, total: int, images_per_step: int,
         sys.exit(f"steps {warmup} and {total} not both logged by: {' '.join(cmd)}\n{proc.stdout[-2000:]}")
     logged = sorted(s for s in stamps if s >= warmup)
     windows = [(b - a) * images_per_step / (stamps[b] - stamps[a]) for a, b in zip(logged, logged[1:])]
-    return TimedRun((total - warmup) * images_per_step / (stamps[total] - stamps[warmup]), cpu, windows)
+    return TimedRun((total - warmup) * images_per_step / (stamps[total] - stamps[warmup]), cpu, windows,
+                    proc.stdout)

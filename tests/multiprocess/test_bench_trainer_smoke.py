@@ -38,3 +38,19 @@ def test_trainer_benchmark_smoke_mode_writes_its_figures(name, tmp_path):
     assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in figures.values()), figures
     report = importlib.import_module(f"benchmarks.{name}").report(written)
     assert "images/s" in report and report in proc.stdout
+
+
+def test_trainer_flops_smoke_mode_writes_the_ceiling_and_each_variant(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.trainer_flops", "--smoke", "--results-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    written = json.loads((tmp_path / "trainer_flops-smoke.json").read_text())
+    figures = written["figures"]
+    module = importlib.import_module("benchmarks.trainer_flops")
+    assert figures["ceiling_gflops"] > 0
+    for variant in (module.BASELINE, "channels-last"):
+        assert figures[f"{variant}.images_per_s"] > 0 and 0 < figures[f"{variant}.fraction_of_ceiling"]
+        assert math.isfinite(figures[f"{variant}.loss_max_rel_diff"])
+    assert figures[f"{module.BASELINE}.loss_max_rel_diff"] == 0.0
+    assert module.report(written) in proc.stdout

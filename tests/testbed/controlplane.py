@@ -30,12 +30,16 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 # The requests of ServiceAccounts outside kube-system (the operator under test; the controllers
 # run as kube-system ones) go to logs/audit.log, metadata only: what the benchmarks count
 # (benchmarks/operator_api_cost.py) and a record of what an operator did when a test fails.
+# One kube-system controller is logged too: the Job controller, the "no operator at all" peer
+# that benchmarks/peers.py compares DDPJob with (an Indexed Job is its work).
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 omitManagedFields: true
 rules:
+  - level: Metadata
+    users: ["system:serviceaccount:kube-system:job-controller"]
   - level: None
     userGroups: ["system:serviceaccounts:kube-system"]
   - level: Metadata

@@ -105,3 +105,10 @@ def test_direct_construction_is_validated_too():
         TrainConfig(lr=-1.0)
     with pytest.raises(ConfigError, match="^--epochs"):
         TrainConfig(epochs=True)  # a bool is not an epoch count
+
+
+def test_channels_last_and_compile_flags():
+    default = parse_config([])
+    assert default.channels_last is None and default.compile is False  # None: the trainer's default
+    assert parse_config(["--no-channels-last"]).channels_last is False
+    assert parse_config(["--channels-last", "--compile"]) == TrainConfig(channels_last=True, compile=True)

@@ -82,6 +82,11 @@ class TrainConfig:
     """None: on when training on a GPU."""
     cpu_threads: int = 0
     """torch intra-op threads per rank (0: torch's default; torchrun sets 1 with several ranks)."""
+    channels_last: Optional[bool] = None
+    """Channels-last memory format for the model and batches (ResNets only). None: on for
+    ResNets (benchmarks/trainer_flops.py: faster on CPU and GPU, the same losses)."""
+    compile: bool = False
+    """torch.compile the model (slow start: minutes on 2 CPU cores; benchmarks/trainer_flops.py)."""
     checkpoint_dir: str = "./checkpoints"
     """Where checkpoints are written and resumed from (a volume every node shares in a pod)."""
     checkpoint_every: int = 200
@@ -225,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=BACKENDS, default="auto")
     g.add_argument("--precision", choices=PRECISIONS, default="auto")
     g.add_argument("--cpu-threads", type=num, default=0)
+    g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="channels-last memory format (default: on for ResNets)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (slow start)")
     g.add_argument("--collective-timeout-seconds", type=num, default=600)
     g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=num,
                    help=argparse.SUPPRESS)  # torch.distributed.launch passes it
@@ -286,6 +294,8 @@ def parse_config(argv: Optional[Sequence[str]] = None,
         num_workers=ns.num_workers,
         pin_memory=ns.pin_memory,
         cpu_threads=ns.cpu_threads,
+        channels_last=ns.channels_last,
+        compile=ns.compile,
         checkpoint_dir=(ns.checkpoint_dir if ns.checkpoint_dir is not None
                         else env.get(ENV_CHECKPOINT_DIR) or "./checkpoints"),
         checkpoint_every=ns.checkpoint_every,

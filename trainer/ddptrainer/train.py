@@ -36,6 +36,10 @@ from .progress import Progress, eta_seconds
 from .report import report_progress
 
 
+# Channels-last unless --no-channels-last: on CPU (oneDNN) and GPU (cuDNN) alike the ResNets
+# run faster with it and give the same losses (benchmarks/trainer_flops.py measures both).
+CHANNELS_LAST_DEFAULT = True
+
 @dataclass
 class TrainResult:
     step: int
@@ -61,7 +65,8 @@ class Trainer:
         model, notes = build_model(config.model, data.in_channels, data.num_classes,
                                    config.weights)
         self.notes = list(notes)  # printed after the start line, which must come first
-        self.channels_last = ctx.device.type == "cuda" and config.model.startswith("resnet")
+        self.channels_last = config.model.startswith("resnet") and (
+            config.channels_last if config.channels_last is not None else CHANNELS_LAST_DEFAULT)
         model = model.to(ctx.device)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -96,6 +101,8 @@ class Trainer:
         self.ddp: nn.Module = (DDP(model, device_ids=[ctx.device.index]
                                    if ctx.device.type == "cuda" else None)
                                if ctx.distributed else model)
+        if config.compile:  # after DDP: its bucketing splits the graph where all-reduces go
+            self.ddp = torch.compile(self.ddp)
         self.stop = StopAgreement(ctx, stop)
         self.evaluator = (Evaluator(config, ctx, data.test_dataset, self.bf16,
                                     self.channels_last)

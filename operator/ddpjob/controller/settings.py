@@ -21,8 +21,9 @@ class OperatorSettings:
     reconcile_workers: int = 8
     """Threads running reconcile passes (one pass per job at a time; many jobs in parallel)."""
     coalesce_seconds: float = 0.05
-    """After a pod event wakes a job, wait this long for its siblings' events, so a gang that
-    changes at once costs one pass and one status write, not one per pod."""
+    """At most one pass per job in this long: an event during a burst waits for the rest of the
+    window, so a gang that changes at once costs about one pass and one status write per window,
+    not one per pod; the first event after a quiet spell is handled at once."""
     force_delete_after_seconds: float = 60.0
     """A pod still Terminating this long after its deletionTimestamp (which already includes the
     grace period) is force-deleted with grace 0: its node is gone and will never confirm
