@@ -78,10 +78,31 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # --- tier 1 ------------------------------------------------------------------------------------
+# The peers tier 1 starts next to the control plane (Kueue for the queue tests, Kubeflow's
+# training-operator for the side-by-side smoke test): Go builds from the module proxy, cached,
+# started now so that they overlap with setup's downloads; waited for before pytest.
+peer_builds_dir="$(mktemp -d)"
+for build in kueue training-operator; do
+  bash "scripts/build-$build.sh" >"$peer_builds_dir/$build.dir" 2>"$peer_builds_dir/$build.log" &
+  echo $! >"$peer_builds_dir/$build.pid"
+done
 timed setup bash scripts/setup.sh
 timed "test dependencies" bash scripts/install-test-deps.sh
 DDPJOB_CONTROL_PLANE_DIR="$(bash scripts/build-control-plane.sh)"
 export DDPJOB_CONTROL_PLANE_DIR
+peer_build() {  # peer_build <name> <env var>: waits for the build; its folder into the variable
+  local rc=0
+  wait "$(cat "$peer_builds_dir/$1.pid")" || rc=$?
+  if ((rc != 0)); then
+    tail -n 30 "$peer_builds_dir/$1.log" >&2
+    log "ERROR: scripts/build-$1.sh failed (rc $rc)"
+    return $rc
+  fi
+  export "$2=$(cat "$peer_builds_dir/$1.dir")"
+}
+timed "Kueue build (background)" peer_build kueue DDPJOB_KUEUE_DIR
+timed "training-operator build (background)" peer_build training-operator DDPJOB_TRAINING_OPERATOR_DIR
+rm -rf "$peer_builds_dir"
 rc=0
 # pytest exits 5 when no test was collected: that is a failure of this command, not a pass.
 timed "pytest (unit, multiprocess, cluster)" python3 -m pytest -ra "$@" || rc=$?

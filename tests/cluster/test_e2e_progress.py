@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.progress_jobs import HANGING_SCRIPT
+from tests.testbed import kind as kind_target
 from tests.testbed.operator_runner import operator_environment, render_manifests
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
@@ -20,11 +21,17 @@ pytestmark = pytest.mark.cluster
 TIMEOUT = 300
 
 
-def scrape() -> dict[str, float]:
-    """The operator's /metrics, as {series with labels: value}; the port is the Deployment's."""
-    port = operator_environment(render_manifests())["DDPJOB_OPERATOR_METRICS_PORT"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+def scrape(e2e) -> dict[str, float]:
+    """The operator's /metrics, as {series with labels: value}. On the test bed the operator is a
+    host process on the Deployment's port; on kind, through the API server's proxy to the
+    metrics Service in manifests/operator.yaml (what a Prometheus in the cluster scrapes)."""
+    if e2e.local:
+        port = operator_environment(render_manifests())["DDPJOB_OPERATOR_METRICS_PORT"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    else:
+        text = e2e.core.connect_get_namespaced_service_proxy_with_path(
+            "ddpjob-operator-metrics:metrics", "ddpjob-system", "metrics")
     samples = {}
     for line in text.splitlines():
         match = re.match(r"^(ddpjob_[^ ]+) ([0-9.eE+-]+)$", line)
@@ -34,9 +41,7 @@ def scrape() -> dict[str, float]:
 
 
 def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
-    if not e2e.local:
-        pytest.skip("scrapes the operator's host port: local test bed only")
-    before = scrape()
+    before = scrape(e2e)
     name = "progress"
     e2e.create(ddpjob_manifest(name, e2e.image, env=ONE_THREAD_ENV,
                                args=[*TINY_TRAINING_ARGS, "--fake-size=320000", "--batch-size=16",
@@ -50,7 +55,7 @@ def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
     moved = e2e.wait_for_status(name, lambda s: (s.get("progress") or {}).get("step", 0) > progress["step"],
                                 TIMEOUT, what="a later step")
     assert moved["progress"]["step"] > progress["step"]
-    after = scrape()
+    after = scrape(e2e)
     assert after["ddpjob_reconcile_total"] > before.get("ddpjob_reconcile_total", 0)
     assert after['ddpjob_jobs{phase="Running"}'] >= 1
     assert after['ddpjob_api_requests_total{code="201",verb="POST"}'] >= \
@@ -63,12 +68,13 @@ def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
 
 def test_a_rank_blocked_in_a_collective_is_stalled_and_the_gang_completes_from_its_checkpoint(
         e2e, shared_host_dir):
-    if not e2e.local:
-        pytest.skip("the script is handed over through the host folder")
+    if not e2e.local and kind_target.shared_dir() is None:
+        pytest.skip("the script is handed over through a host folder every node mounts "
+                    "($DDPJOB_KIND_SHARED_DIR, set by scripts/e2e-kind.sh)")
     prepare_shared_dir(e2e, shared_host_dir)
     Path(shared_host_dir, "hang.py").write_text(textwrap.dedent(HANGING_SCRIPT))
     name = "stall"
-    before = scrape().get('ddpjob_gang_restarts_total{reason="Stalled"}', 0)
+    before = scrape(e2e).get('ddpjob_gang_restarts_total{reason="Stalled"}', 0)
     e2e.create(ddpjob_manifest(
         name, e2e.image, args=["--script", "/shared/hang.py"],
         env=[*ONE_THREAD_ENV, {"name": "CKPT", "value": "/shared/ckpt"}, {"name": "HANG", "value": "step"}],
@@ -85,4 +91,4 @@ def test_a_rank_blocked_in_a_collective_is_stalled_and_the_gang_completes_from_i
     assert "was stalled" in restarting[0]["message"], restarting
     log = e2e.wait_for_logs(f"{name}-node-0", "finished at step 10")
     assert "rank 0 attempt 1 resumes at step 4" in log, log
-    assert scrape()['ddpjob_gang_restarts_total{reason="Stalled"}'] == before + 1
+    assert scrape(e2e)['ddpjob_gang_restarts_total{reason="Stalled"}'] == before + 1
