@@ -107,7 +107,7 @@ def test_failing_pods_report_exit_code_and_reason(kubectl, namespace, wait_for):
     assert "no-such-binary" in state["message"]
 
 
-def test_large_output_never_blocks_the_pod(kubectl, namespace, wait_for, pod_logs):
+def test_large_output_never_blocks_the_pod(cluster, kubectl, namespace, wait_for, pod_logs):
     """Output goes to a file, not a pipe someone must drain: 16 MiB on stdout and stderr."""
     kubectl.apply_yaml(python_pod("chatty", """
         import sys
@@ -120,8 +120,16 @@ def test_large_output_never_blocks_the_pod(kubectl, namespace, wait_for, pod_log
     done = wait_for_phase(kubectl, wait_for, namespace, "chatty", ["Succeeded", "Failed"], 120)
     assert done["status"]["phase"] == "Succeeded"
     log = pod_logs(namespace, "chatty")
-    assert log.rstrip().endswith("end of output")
-    assert len(log) >= 16 * 2**20
+    # The last stdout flush (at exit) holds the final line. A container runtime copies stdout
+    # and stderr in two goroutines, so stderr lines may land after it: "in", not "endswith".
+    assert "end of output" in log
+    if cluster.testbed is not None:
+        assert log.rstrip().endswith("end of output")  # the node agent appends in write order
+        assert len(log) >= 16 * 2**20                  # and keeps it all
+    else:
+        # A kubelet rotates a container's log at containerLogMaxSize (10 MiB by default) and
+        # `kubectl logs` reads the newest file only.
+        assert len(log) >= 2**20, len(log)
 
 
 def test_delete_sends_sigterm_then_sigkill_after_grace(kubectl, namespace, wait_for, pod_logs):
