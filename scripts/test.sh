@@ -103,6 +103,9 @@ peer_build() {  # peer_build <name> <env var>: waits for the build; its folder i
 timed "Kueue build (background)" peer_build kueue DDPJOB_KUEUE_DIR
 timed "training-operator build (background)" peer_build training-operator DDPJOB_TRAINING_OPERATOR_DIR
 rm -rf "$peer_builds_dir"
+# The checkout under test, also in every process the tests start (operator, node agent, CLI),
+# whatever else an editable install on this machine points at.
+export PYTHONPATH="$PWD/operator:$PWD/trainer:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 rc=0
 # pytest exits 5 when no test was collected: that is a failure of this command, not a pass.
 timed "pytest (unit, multiprocess, cluster)" python3 -m pytest -ra "$@" || rc=$?
