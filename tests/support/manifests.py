@@ -107,6 +107,8 @@ def bad_manifest_table() -> list[BadCase]:
         _bad("spec-a-list", {"spec": [1]}, "spec", "must be a mapping, got a list"),
         _bad("master-port-privileged", {"spec.masterPort": 80}, "spec.masterPort", "must be >= 1024"),
         _bad("master-port-too-big", {"spec.masterPort": 70000}, "spec.masterPort", "must be <= 65535"),
+        _bad("master-port-is-the-progress-port", {"spec.masterPort": 29400}, "spec.masterPort",
+             "must not be 29400: every pod serves its progress reports on that port"),
         _bad("max-restarts-negative", {"spec.failurePolicy": {"maxRestarts": -1}},
              "spec.failurePolicy.maxRestarts", "must be >= 0"),
         _bad("exit-code-repeated", {"spec.failurePolicy": {"permanentExitCodes": [2, 2]}},

@@ -318,6 +318,13 @@ class DDPJobSpec:
             check=lambda s: _gpu_count_matches(s, "requests"),
             field_path=".resources.requests",
         ),
+        Rule(
+            cel=f"self.masterPort != {contract.DEFAULT_PROGRESS_PORT}",
+            message=f"must not be {contract.DEFAULT_PROGRESS_PORT}: every pod serves its progress "
+            "reports on that port (DDPJOB_PROGRESS_PORT, docs/contract.md); choose another port",
+            check=lambda s: s["masterPort"] != contract.DEFAULT_PROGRESS_PORT,
+            field_path=".masterPort",
+        ),
         # The launcher rules: no combination of command, launcher, localRankFlag and
         # nprocPerNode may give the processes an incoherent world (docs/launch-styles.md).
         Rule(
