@@ -116,7 +116,15 @@ def _first_line(error: BaseException) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    sys.exit(run(argv))
+    code = run(argv)
+    # Nothing is left to do but exit, and the exit code must stay the one run() chose. After a
+    # failure the process group's C++ threads (gloo's) may still be winding down, and the
+    # interpreter's teardown can then abort the process ("terminate called without an active
+    # exception", SIGABRT), turning exit 4 (disk full) into 134 (retryable): flush and leave
+    # without that teardown. Everything run() wrote (checkpoints, the summary) is closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
