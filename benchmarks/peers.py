@@ -36,8 +36,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-if __package__ in (None, ""):  # `python benchmarks/peers.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__" and not __package__:
+    # `python benchmarks/peers.py` is `python -m benchmarks.peers` with the repository importable.
+    _repo = str(Path(__file__).resolve().parents[1])
+    _path = os.pathsep.join(p for p in (_repo, os.environ.get("PYTHONPATH")) if p)
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.peers", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": _path})
 
 from benchmarks import bench_cluster as bc  # noqa: E402
 from benchmarks import peer_controllers  # noqa: E402

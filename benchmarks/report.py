@@ -38,7 +38,8 @@ def machine_line(data: dict) -> str:
 def section(path: Path) -> str:
     """One results file as the README quotes it: the command, the machine, the tables."""
     data = json.loads(path.read_text())
-    module = importlib.import_module(f"benchmarks.{data['benchmark']}")  # its report() formats its own results
+    # its report() formats its own results ("peers-start-many": a subset run of benchmarks.peers)
+    module = importlib.import_module(f"benchmarks.{data['benchmark'].split('-')[0]}")
     return f"`{data['command']}`\n\n{machine_line(data)}\n\n{module.report(data)}\n"
 
 

@@ -83,8 +83,8 @@ class TrainConfig:
     cpu_threads: int = 0
     """torch intra-op threads per rank (0: torch's default; torchrun sets 1 with several ranks)."""
     channels_last: Optional[bool] = None
-    """Channels-last memory format for the model and batches (ResNets only). None: on for
-    ResNets (benchmarks/trainer_flops.py: faster on CPU and GPU, the same losses)."""
+    """Channels-last memory format for the model and batches (ResNets only). None: on a GPU only
+    (on CPU it is faster but changes the losses beyond rounding: benchmarks/trainer_flops.py)."""
     compile: bool = False
     """torch.compile the model (slow start: minutes on 2 CPU cores; benchmarks/trainer_flops.py)."""
     checkpoint_dir: str = "./checkpoints"
@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precision", choices=PRECISIONS, default="auto")
     g.add_argument("--cpu-threads", type=num, default=0)
     g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="channels-last memory format (default: on for ResNets)")
+                   help="channels-last memory format (default: on a GPU, for ResNets)")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (slow start)")
     g.add_argument("--collective-timeout-seconds", type=num, default=600)
     g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=num,
