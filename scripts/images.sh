@@ -41,6 +41,14 @@ download_wheels() {  # download_wheels NAME REQUIREMENT...
   echo "$key" > "$dir/.key"
 }
 
+# What an image installs: pyproject.toml's dependencies plus one extra (trainer, operator), read
+# from the file, so that a dependency added there is in the offline wheel folder too.
+requirements_of() {  # requirements_of EXTRA -> one requirement a line
+  python3 -c 'import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(project.get("dependencies", []) + project["optional-dependencies"][sys.argv[1]]))' "$1"
+}
+
 make_context() {  # make_context NAME SKIP_REGEX -> a folder: the repository's files + wheels/
   local name="$1" skip="$2" ctx="$CONTEXTS/context-$1"
   rm -rf "$ctx"; mkdir -p "$ctx/wheels"
@@ -70,7 +78,8 @@ report() { log "$1: $(docker image inspect -f '{{.Size}}' "$1" | awk '{printf "%
 
 # Offline: Python + torch from the wheels, once per set of wheels (images/torch-base).
 torch_base() {
-  download_wheels trainer torch torchvision PyYAML
+  mapfile -t reqs < <(requirements_of trainer)
+  download_wheels trainer "${reqs[@]}"
   local key; key="$( (ls "$WHEELS/trainer" | grep -Ev "$TRAINER_SKIP"; cat images/torch-base/Dockerfile
                       docker image inspect -f '{{.Id}}' "$LOCAL_PYTHON_BASE") | sha256sum | cut -c1-12)"
   TORCH_BASE="localhost/ddpjob/torch-base:$key"
@@ -114,7 +123,8 @@ build_operator() {
     docker_build -q --label "dev.ddpjob.key=$key" -f manifests/operator.Dockerfile -t "$tag" . >/dev/null
   else
     bash "$KIND_SCRIPTS/debian-images.sh" python
-    download_wheels operator kopf kubernetes PyYAML
+    mapfile -t reqs < <(requirements_of operator)
+    download_wheels operator "${reqs[@]}"
     key="$(source_key manifests/operator.Dockerfile "$(docker image inspect -f '{{.Id}}' "$LOCAL_PYTHON_BASE")" "$(ls "$WHEELS/operator")")"
     up_to_date "$tag" "$key" && { log "$tag is up to date"; return 0; }
     local ctx; ctx="$(make_context operator '^$')"
@@ -132,7 +142,8 @@ for t in "${targets[@]}"; do
     trainer) build_trainer ;;
     operator) build_operator ;;
     bases) registry_reachable || { bash "$KIND_SCRIPTS/debian-images.sh" python; torch_base
-                                   download_wheels operator kopf kubernetes PyYAML; } ;;
+                                   mapfile -t reqs < <(requirements_of operator)
+                                   download_wheels operator "${reqs[@]}"; } ;;
     *) die "unknown image $t (trainer, operator, bases)" ;;
   esac
 done
