@@ -12,6 +12,7 @@ import secrets
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from ddpjob.controller import kueue as kueue_api
 
@@ -201,6 +202,47 @@ def test_a_job_larger_than_the_whole_quota_says_so_and_creates_nothing(e2e, queu
     assert "maximum capacity" in status["message"], status  # Kueue's own words: it can never fit
     assert wl["spec"]["podSets"][0]["count"] == 3 and not _condition(wl, "QuotaReserved"), wl
     assert not pods.snapshot() and e2e.service("huge") is None
+
+
+OPERATOR_USER = "system:serviceaccount:ddpjob-system:ddpjob-operator"
+GUARD = "ValidatingAdmissionPolicy 'ddpjob-operator-owned-children'"
+
+
+def test_the_operator_may_write_only_workloads_a_ddpjob_controls(e2e, queue):
+    """Its ClusterRole lets the operator create any Workload and write any Workload's status;
+    manifests/admission-policy.yaml limits both to Workloads a DDPJob controls (the other
+    tests show its own pass)."""
+    queue.make(cpu="1")
+    kubectl = e2e.cluster.kubectl
+    stray = {"apiVersion": f"{GROUP}/v1beta2", "kind": "Workload",
+             "metadata": {"name": "stray", "namespace": e2e.namespace},
+             "spec": {"queueName": queue.name, "podSets": [{"name": "main", "count": 1, "template": {"spec": {
+                 "restartPolicy": "Never",
+                 "containers": [{"name": "main", "image": e2e.image,
+                                 "resources": {"requests": {"cpu": "100m"}}}]}}}]}}
+
+    def create_as_operator():
+        return kubectl(f"--as={OPERATOR_USER}", "create", "-f", "-", input=json.dumps(stray), check=False)
+
+    e2e.cluster.wait_for(lambda: GUARD in create_as_operator().stderr, 30, "the policy to refuse a stray Workload")
+    refused = create_as_operator()
+    assert refused.returncode != 0, refused.stdout
+    assert "may create only workloads that a DDPJob controls" in refused.stderr, refused.stderr
+
+    kubectl("create", "-f", "-", input=json.dumps(stray))  # someone else's Workload
+    finished = {"status": {"conditions": [{"type": "Finished", "status": "True", "reason": "Succeeded",
+                                           "message": "not the operator's", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+    # The operator's own request: a merge PATCH of the status, without a GET first (it has no
+    # get on workloads/status, so `kubectl patch` could not even try).
+    as_operator = client.ApiClient(e2e.cluster.api_client.configuration)
+    as_operator.set_default_header("Impersonate-User", OPERATOR_USER)
+    with pytest.raises(client.ApiException) as refused_patch:
+        client.CustomObjectsApi(as_operator).patch_namespaced_custom_object_status(
+            GROUP, "v1beta2", e2e.namespace, "workloads", "stray", finished)
+    assert refused_patch.value.status == 403, refused_patch.value
+    assert GUARD in refused_patch.value.body, refused_patch.value.body
+    assert "may update only workloads that a DDPJob controls" in refused_patch.value.body
+    assert not _condition(_get(e2e, "workload", "stray", e2e.namespace), "Finished")
 
 
 def test_deleting_a_queued_job_removes_its_workload(e2e, queue, shared_host_dir):
