@@ -24,7 +24,8 @@ RUNS = [("operator_start_latency", []),
         ("operator_gang_size", ["--pods-nice", "19"]),
         ("operator_many_jobs", []), ("operator_many_jobs", ["--pods-cpu-limit", "0.5"]),
         ("operator_many_jobs", ["--pods-nice", "19"]),
-        ("operator_api_cost", []), ("operator_progress_cost", []), ("operator_recovery", []), ("trainer_scaling", []), ("trainer_vs_plain", [])]
+        ("operator_api_cost", []), ("operator_progress_cost", []), ("operator_recovery", []),
+        ("peers", []), ("trainer_scaling", []), ("trainer_vs_plain", []), ("trainer_flops", [])]
 BENCHMARKS = sorted({name for name, _ in RUNS})
 
 
