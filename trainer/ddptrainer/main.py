@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from typing import Mapping, Optional, Sequence
 
@@ -25,6 +26,11 @@ from .train import Trainer, TrainResult
 
 # Errors every rank hits identically (or gets from rank 0): one line per node is enough.
 _SAME_ON_EVERY_RANK = (ConfigError, DataMissingError, DiskFullError)
+# torchrun stops every worker at the first one's exit: the ranks that stay silent about such an
+# error wait this long before exiting, so that local rank 0 gets to print it.
+_SILENT_RANK_EXIT_DELAY_SECONDS = 1.0
+# Set once this process has started a process group (main() then exits without teardown).
+_process_group_started = False
 
 
 def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
@@ -40,6 +46,9 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         config = parse_config(argv, env)
         ctx = setup(config, env)
         rank, local_rank = ctx.rank, ctx.local_rank
+        if ctx.distributed:
+            global _process_group_started
+            _process_group_started = True
         progress = Progress(ctx.is_main, config.log_format)
         data = build_dataset(config, ctx)
         # Nothing here outlives run(): process groups (in ctx, in DDP) kept alive past
@@ -55,6 +64,8 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         if not isinstance(e, _SAME_ON_EVERY_RANK) or local_rank in (0, None):
             where = "" if isinstance(e, _SAME_ON_EVERY_RANK) or rank is None else f"rank {rank}: "
             print(f"ddptrain: error: {where}{e.message}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(_SILENT_RANK_EXIT_DELAY_SECONDS)
     except KeyboardInterrupt:
         code, text = 130, "interrupted (SIGINT twice)"
     except Exception as e:  # noqa: BLE001 - the last line of defence picks the exit code
@@ -117,6 +128,8 @@ def _first_line(error: BaseException) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     code = run(argv)
+    if not _process_group_started:
+        sys.exit(code)
     # Nothing is left to do but exit, and the exit code must stay the one run() chose. After a
     # failure the process group's C++ threads (gloo's) may still be winding down, and the
     # interpreter's teardown can then abort the process ("terminate called without an active
