@@ -29,6 +29,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -307,20 +308,35 @@ def stored_jobs(custom_objects, cases_namespace):
     """The ``old`` object of every update case, stored with the case's status.phase and kept
     out of an operator's hands (should one run for other tests): created suspended (no pods),
     then deleted behind a finalizer of ours, so the operator leaves it alone (it never acts on
-    a DDPJob being deleted), then given the case's status. Edits are sent as dry runs."""
-    stored = {}
+    a DDPJob being deleted), then given the case's status. Edits are sent as dry runs.
+
+    An operator that saw a job in the moment between its creation and deletion (an in-cluster
+    one on kind is that fast) may still write its own status once, after ours: so the cases'
+    statuses are written again until no object has changed for a second."""
+    def get(case_id: str) -> dict:
+        return custom_objects.get_namespaced_custom_object(GROUP, VERSION, cases_namespace, PLURAL, case_id)
+
+    statuses = {}
     for case in UPDATES:
         body = copy.deepcopy(case.old)
-        status = body.pop("status", None)
+        statuses[case.id] = body.pop("status", None)
         body["metadata"] = {"name": case.id, "namespace": cases_namespace, "finalizers": [HOLD]}
         body["spec"]["suspend"] = True  # no transition rule reads the old suspend
         custom_objects.create_namespaced_custom_object(GROUP, VERSION, cases_namespace, PLURAL, body)
         custom_objects.delete_namespaced_custom_object(GROUP, VERSION, cases_namespace, PLURAL, case.id)
-        if status:
+    unsettled, stored = set(statuses), {}
+    for _ in range(30):
+        for case_id in sorted(unsettled):
+            # (None removes a status the operator may have written to a case that has none.)
             custom_objects.patch_namespaced_custom_object_status(
-                GROUP, VERSION, cases_namespace, PLURAL, case.id, {"status": status})
-        stored[case.id] = custom_objects.get_namespaced_custom_object(
-            GROUP, VERSION, cases_namespace, PLURAL, case.id)
+                GROUP, VERSION, cases_namespace, PLURAL, case_id, {"status": statuses[case_id]})
+            stored[case_id] = get(case_id)
+        time.sleep(1)
+        unsettled = {case_id for case_id in unsettled
+                     if get(case_id)["metadata"]["resourceVersion"] != stored[case_id]["metadata"]["resourceVersion"]}
+        if not unsettled:
+            break
+    assert not unsettled, f"the stored cases kept changing: {sorted(unsettled)}"
     yield stored
     for case in UPDATES:
         custom_objects.patch_namespaced_custom_object(
