@@ -46,6 +46,7 @@ report() {
 # --- the kind tier's builds, in the background --------------------------------------------------
 kind_skip_reason=""
 prepare_pid=""
+peer_builds_dir="$(mktemp -d)"  # tier 1's background Go builds: their pids, logs and outputs
 prepare_log="$DDPJOB_CACHE/test-kind-prepare.log"
 case "$kind_mode" in
   0) kind_skip_reason="DDPJOB_TEST_KIND=0" ;;
@@ -69,6 +70,7 @@ stop_prepare() {
 on_exit() {
   local rc=$?
   stop_prepare
+  rm -rf "$peer_builds_dir"
   # prepare.sh may have started the project's dockerd; leave the machine as it was.
   [[ -n "$prepare_pid" ]] && bash scripts/kind/dockerd.sh stop >/dev/null 2>&1 || true
   exit $rc
@@ -81,7 +83,6 @@ trap 'exit 143' TERM
 # The peers tier 1 starts next to the control plane (Kueue for the queue tests, Kubeflow's
 # training-operator for the side-by-side smoke test): Go builds from the module proxy, cached,
 # started now so that they overlap with setup's downloads; waited for before pytest.
-peer_builds_dir="$(mktemp -d)"
 for build in kueue training-operator; do
   bash "scripts/build-$build.sh" >"$peer_builds_dir/$build.dir" 2>"$peer_builds_dir/$build.log" &
   echo $! >"$peer_builds_dir/$build.pid"
@@ -102,7 +103,6 @@ peer_build() {  # peer_build <name> <env var>: waits for the build; its folder i
 }
 timed "Kueue build (background)" peer_build kueue DDPJOB_KUEUE_DIR
 timed "training-operator build (background)" peer_build training-operator DDPJOB_TRAINING_OPERATOR_DIR
-rm -rf "$peer_builds_dir"
 # The checkout under test, also in every process the tests start (operator, node agent, CLI),
 # whatever else an editable install on this machine points at.
 export PYTHONPATH="$PWD/operator:$PWD/trainer:$PWD${PYTHONPATH:+:$PYTHONPATH}"

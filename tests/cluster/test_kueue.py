@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 
 from ddpjob.controller import kueue as kueue_api
+from tests.testbed.operator_runner import OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
     ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
@@ -204,7 +205,7 @@ def test_a_job_larger_than_the_whole_quota_says_so_and_creates_nothing(e2e, queu
     assert not pods.snapshot() and e2e.service("huge") is None
 
 
-OPERATOR_USER = "system:serviceaccount:ddpjob-system:ddpjob-operator"
+OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SERVICE_ACCOUNT}"
 GUARD = "ValidatingAdmissionPolicy 'ddpjob-operator-owned-children'"
 
 
