@@ -164,6 +164,7 @@ def test_the_guard_wraps_and_refuses(monkeypatch):
 
     exits = []
     monkeypatch.setattr(init_guard, "_leave_verdict_and_exit", lambda code, message: exits.append(code))
+    monkeypatch.setattr(init_guard.atexit, "register", lambda function: None)
     environ = {"PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1",
                "PET_MASTER_ADDR": "127.0.0.2", "MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "1",
                "WORLD_SIZE": "2", "RANK": "0"}
@@ -173,6 +174,37 @@ def test_the_guard_wraps_and_refuses(monkeypatch):
     assert calls == [(-1, -1)] and exits == []
     guarded("gloo", rank=0, world_size=3)
     assert exits == [2]
+
+
+@pytest.mark.parametrize("environ", [
+    {},  # not a DDPJob's process: nothing judged, but the exit still settles
+    {"PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "2", "PET_MASTER_ADDR": "x"},
+])
+def test_a_started_process_group_makes_the_exit_wait_for_gloo_once(monkeypatch, environ):
+    """gloo's worker threads may still hold the last collective's tensors when the interpreter
+    shuts down, and then abort a run that succeeded (exit 134): after an init that succeeded,
+    and only then, the exit waits once, the GIL released, for them."""
+    registered = []
+    monkeypatch.setattr(init_guard.atexit, "register", registered.append)
+    monkeypatch.setattr(init_guard, "_exit_settle_registered", False)
+    outcomes = iter([RuntimeError("no peer"), None, None])
+
+    def init_process_group(backend=None, **kwargs):
+        outcome = next(outcomes)
+        if outcome is not None:
+            raise outcome
+
+    guarded = init_guard.guard(init_process_group, environ)
+    with pytest.raises(RuntimeError):
+        guarded("gloo")
+    assert registered == []
+    guarded("gloo")
+    guarded("gloo")  # a second group (or a re-init) does not wait twice
+    assert registered == [init_guard.settle_collectives_at_exit]
+    slept = []
+    monkeypatch.setattr(init_guard.time, "sleep", slept.append)
+    init_guard.settle_collectives_at_exit()
+    assert slept == [init_guard.EXIT_SETTLE_SECONDS] and init_guard.EXIT_SETTLE_SECONDS >= 0.1
 
 
 # -- the examples ------------------------------------------------------------------------
