@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -150,7 +151,11 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--plain-worker"]:  # under torchrun: one rank of the plain loop
         plain_worker(argv[1:])
-        return
+        # gloo's threads can abort a finished run at interpreter shutdown (exit 134; see
+        # docs/launch-styles.md): leave without it, as ddptrain and the examples do.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     bench_results.run_and_record(NAME, parser().parse_args(argv), run, report)
 
 

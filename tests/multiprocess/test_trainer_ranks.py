@@ -10,7 +10,7 @@ pytestmark = pytest.mark.multiprocess
 
 # Runs under torchrun: trains with the real Trainer, then leaves what each rank saw.
 PROBE = textwrap.dedent('''
-    import sys, torch
+    import os, sys, torch
     torch.set_num_threads(1)
     from ddptrainer.config import parse_config
     from ddptrainer.data import build_dataset
@@ -41,10 +41,13 @@ PROBE = textwrap.dedent('''
             teardown(ctx)
 
 
-    # In a function, as in ddptrain: the process groups (held by ctx and by DDP) are freed when
-    # it returns. Kept alive as module globals past destroy_process_group(), gloo's destructor
-    # at interpreter exit can abort the process ("terminate called without an active exception").
     probe(sys.argv[1], sys.argv[2:])
+    # As ddptrain does: DDP keeps gloo's threads alive until exit, and one still releasing the
+    # last collective's tensors at interpreter shutdown aborts the process ("terminate called
+    # without an active exception", exit 134; docs/launch-styles.md). Leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 ''')
 
 
