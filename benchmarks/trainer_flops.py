@@ -24,6 +24,16 @@ the baseline's (same seed, same data order); the largest relative difference is 
 * torch.compile (Inductor, C++ on CPU) on top of channels-last: only when asked for
   (``--variants``), it compiles for minutes per rank on 2 cores.
 
+Three reference rows, in the same run, place those figures (their losses come from other data,
+so they are not compared):
+
+* plain DDP loop: the seed-style loop of trainer_vs_plain.py (FakeData, 1 worker per rank), the
+  loop the issue's "roughly 30 % of the ceiling" was about;
+* DDP, batches in memory: the same model, optimizer and DDP with 4 batches made up front and
+  reused: no data loading at all, what gloo's all-reduce leaves of the ceiling;
+* no gradient sync: the same, each rank training alone (no DDP): the model's own speed on one
+  core per rank, against which the sgemm ceiling is checked.
+
 ``--variants`` other than the default list writes results/trainer_flops-selected.json.
 """
 from __future__ import annotations
@@ -52,6 +62,10 @@ VARIANTS = {  # name -> (trainer flags, intra-op threads per rank)
     "channels-last, 2 threads per rank": (["--channels-last", "--num-workers", "1"], 2),
     "channels-last + torch.compile": (["--channels-last", "--num-workers", "1", "--compile"], 1),
 }
+PLAIN = "plain DDP loop (seed-style, 1 worker)"
+IN_MEMORY = "DDP, batches in memory"
+NO_SYNC = "no gradient sync (each rank alone)"
+REFERENCES = (PLAIN, IN_MEMORY, NO_SYNC)  # rows whose losses come from other data
 SGEMM_SIZE = 2048
 
 
@@ -93,6 +107,51 @@ def trainer_command(flags: list[str], threads: int, a: argparse.Namespace, check
         "--device", "cpu", *flags)
 
 
+def reference_command(name: str, a: argparse.Namespace) -> list[str]:
+    total = a.warmup + a.steps
+    common = ["--total-steps", str(total), "--batch-size", str(a.batch_size), "--log-every", str(a.log_every)]
+    if name == PLAIN:
+        return trainer_runs.torchrun(2, "-m", "benchmarks.trainer_vs_plain", "--plain-worker", *common,
+                                     "--num-workers", "1", "--fake-size", str(total * a.batch_size * 2 + a.batch_size * 2))
+    return trainer_runs.torchrun(2, "-m", "benchmarks.trainer_flops", "--memory-worker", *common,
+                                 *(["--no-sync"] if name == NO_SYNC else []))
+
+
+def memory_worker(argv: list[str]) -> None:
+    """One rank of the in-memory loop (under torchrun): ResNet-18, SGD with momentum, DDP unless
+    --no-sync, 4 random batches made up front and cycled; JSON progress lines as the trainer's."""
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    p = argparse.ArgumentParser()
+    for name in ("--total-steps", "--batch-size", "--log-every"):
+        p.add_argument(name, type=int, required=True)
+    p.add_argument("--no-sync", action="store_true")
+    a = p.parse_args(argv)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    net = model if a.no_sync else DDP(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    criterion = torch.nn.CrossEntropyLoss()
+    data = torch.Generator().manual_seed(rank)
+    batches = [(torch.rand(a.batch_size, 3, 32, 32, generator=data), torch.randint(0, 10, (a.batch_size,), generator=data))
+               for _ in range(4)]
+    for step in range(1, a.total_steps + 1):
+        x, y = batches[step % len(batches)]
+        optimizer.zero_grad()
+        loss = criterion(net(x), y)
+        loss.backward()
+        optimizer.step()
+        if rank == 0 and step % a.log_every == 0:
+            print(json.dumps({"event": "progress", "step": step, "loss": loss.item(), "time": time.time()}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def losses(stdout: str) -> dict[int, float]:
     out = {}
     for line in stdout.splitlines():
@@ -122,6 +181,8 @@ def parser() -> argparse.ArgumentParser:
                    help="default: all but torch.compile (minutes of compiling per rank on 2 cores; ask for it)")
     p.add_argument("--sgemm-seconds", type=float, default=5.0)
     p.add_argument("--sgemm-worker", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--no-references", action="store_true",
+                   help="leave out the plain loop, in-memory and no-sync rows")
     return p
 
 
@@ -137,14 +198,19 @@ def run(a: argparse.Namespace) -> dict:
                     "1 thread, one process": sgemm(1, 1, seconds)}
     ceiling = max(ceiling_runs["1 process x all threads"], ceiling_runs["1 thread, one process per core"])
     print(f"sgemm: {ceiling_runs}", file=sys.stderr, flush=True)
-    ips: dict[str, list[float]] = {v: [] for v in variants}
-    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    rows = variants + ([] if a.no_references else list(REFERENCES))
+    ips: dict[str, list[float]] = {v: [] for v in rows}
+    cpu: dict[str, list[float]] = {v: [] for v in rows}
     loss_curves: dict[str, dict[int, float]] = {}
     with tempfile.TemporaryDirectory(prefix="ddptrain-flops-") as tmp:
         for i in range(a.repeats):
-            for j, name in enumerate(variants):
-                flags, threads = VARIANTS[name]
-                result, curve = timed(trainer_command(flags, threads, a, f"{tmp}/{i}-{j}"), a, threads)
+            for j, name in enumerate(rows):
+                if name in REFERENCES:
+                    threads, cmd = 1, reference_command(name, a)
+                else:
+                    flags, threads = VARIANTS[name]
+                    cmd = trainer_command(flags, threads, a, f"{tmp}/{i}-{j}")
+                result, curve = timed(cmd, a, threads)
                 ips[name].append(result.images_per_s)
                 cpu[name].append(result.cpu_s)
                 loss_curves.setdefault(name, curve)
@@ -152,14 +218,16 @@ def run(a: argparse.Namespace) -> dict:
                       f"{result.cpu_s:6.1f} CPU s", file=sys.stderr, flush=True)
     median = {v: statistics.median(x) for v, x in ips.items()}
     figures = {"ceiling_gflops": ceiling}
-    for v in variants:
+    for v in rows:
         figures[f"{v}.images_per_s"] = median[v]
         figures[f"{v}.fraction_of_ceiling"] = median[v] * FLOP_PER_IMAGE / 1e9 / ceiling
-        figures[f"{v}.loss_max_rel_diff"] = max_relative_difference(loss_curves[v], loss_curves[BASELINE])
+        if v not in REFERENCES:
+            figures[f"{v}.loss_max_rel_diff"] = max_relative_difference(loss_curves[v], loss_curves[BASELINE])
     return {"params": {"model": "resnet18", "image_size": 32, "ranks": 2, "steps": a.steps, "warmup": a.warmup,
                        "batch_size_per_rank": a.batch_size, "repeats": a.repeats, "cpus": ncores,
                        "flop_per_image": FLOP_PER_IMAGE, "sgemm_size": SGEMM_SIZE,
-                       "variants": {v: VARIANTS[v] for v in variants}},
+                       "variants": {v: VARIANTS[v] for v in variants},
+                       "references": [v for v in rows if v in REFERENCES]},
             "sgemm_gflops": ceiling_runs, "figures": figures, "images_per_s": ips, "cpu_seconds": cpu,
             "losses": {v: {str(k): x for k, x in c.items()} for v, c in loss_curves.items()}}
 
@@ -169,11 +237,12 @@ def report(results: dict) -> str:
     ceiling = f["ceiling_gflops"]
     base = f[f"{BASELINE}.images_per_s"]
     rows = []
-    for v in p["variants"]:
+    for v in [*p["variants"], *p.get("references", [])]:
         x = results["images_per_s"][v]
+        diff = f[f"{v}.loss_max_rel_diff"] if f"{v}.loss_max_rel_diff" in f else None
         rows.append((v, f[f"{v}.images_per_s"], f"{min(x):.1f}-{max(x):.1f}", f[f"{v}.images_per_s"] / base,
                      f[f"{v}.images_per_s"] * p["flop_per_image"] / 1e9, f"{f[f'{v}.fraction_of_ceiling']:.0%}",
-                     f"{f[f'{v}.loss_max_rel_diff']:.1e}", statistics.median(results["cpu_seconds"][v])))
+                     "other data" if diff is None else f"{diff:.1e}", statistics.median(results["cpu_seconds"][v])))
     sg = results["sgemm_gflops"]
     return (f"Trainer vs the FLOP ceiling (resnet18 3x32x32, {p['ranks']} gloo ranks, batch {p['batch_size_per_rank']} "
             f"per rank, {p['steps']} timed steps after {p['warmup']}, median of {p['repeats']}; {p['cpus']} CPUs; "
@@ -185,6 +254,12 @@ def report(results: dict) -> str:
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--memory-worker"]:  # under torchrun: one rank of the in-memory loop
+        memory_worker(argv[1:])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # gloo's threads can abort a finished run at shutdown (docs/launch-styles.md)
     args = parser().parse_args(argv)
     if args.sgemm_worker:
         threads, seconds, size = args.sgemm_worker
