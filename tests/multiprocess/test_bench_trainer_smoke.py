@@ -53,4 +53,8 @@ def test_trainer_flops_smoke_mode_writes_the_ceiling_and_each_variant(tmp_path):
         assert figures[f"{variant}.images_per_s"] > 0 and 0 < figures[f"{variant}.fraction_of_ceiling"]
         assert math.isfinite(figures[f"{variant}.loss_max_rel_diff"])
     assert figures[f"{module.BASELINE}.loss_max_rel_diff"] == 0.0
+    for reference in module.REFERENCES:  # the plain loop, in-memory DDP, no sync: other data
+        assert figures[f"{reference}.images_per_s"] > 0
+        assert f"{reference}.loss_max_rel_diff" not in figures
+    assert written["params"]["references"] == list(module.REFERENCES)
     assert module.report(written) in proc.stdout
