@@ -396,26 +396,36 @@ def ddpjob(name: str, namespace: str, nnodes: int, command: Sequence[str] = SLEE
 # ---------------------------------------------------------------------------------------------
 # The watch
 # ---------------------------------------------------------------------------------------------
-class Recorder:
-    """Watches the DDPJob pods and DDPJobs of one namespace from this process, stamping each
-    event with ``time.time()`` as it arrives. Both watches share this process and clock, so
-    "the pod changed" and "the job's status showed it" are compared like for like."""
+class NamespaceWatch:
+    """Watches the pods and jobs of one namespace from this process, stamping each event with
+    ``time.time()`` as it arrives. Both watches share this process and clock, so "the pod
+    changed" and "the job's status showed it" are compared like for like. Which pods and jobs,
+    and what is kept of each event, is the subclass's: ``to_pod`` (None: not a job's pod) and
+    ``to_job`` turn an object into an observation with ``uid`` / ``name`` and ``phase``."""
 
-    def __init__(self, bed: Bed, namespace: str):
+    title = ""  # names the watched system in timeout messages
+
+    def __init__(self, bed: Bed, namespace: str, pod_label: str, jobs_path: str):
         self.namespace = namespace
-        self.pods: list[PodObs] = []
-        self.jobs: list[JobObs] = []
-        self.live: dict[str, PodObs] = {}  # uid -> latest, until DELETED
-        self.job_state: dict[str, JobObs] = {}
+        self.pods: list[Any] = []
+        self.jobs: list[Any] = []
+        self.live: dict[str, Any] = {}  # pod uid -> latest, until DELETED
+        self.job_state: dict[str, Any] = {}  # job name -> latest, until DELETED
         self.changed = threading.Condition()
         self.stop_event = threading.Event()
         self.informers = [
             Informer(bed.rest, f"/api/v1/namespaces/{namespace}/pods", self._on_pod,
-                     label_selector=JOB_LABEL, stop=self.stop_event),
-            Informer(bed.rest, JOBS_PATH.format(ns=namespace), self._on_job, stop=self.stop_event),
+                     label_selector=pod_label, stop=self.stop_event),
+            Informer(bed.rest, jobs_path.format(ns=namespace), self._on_job, stop=self.stop_event),
         ]
 
-    def __enter__(self) -> "Recorder":
+    def to_pod(self, at: float, event: str, pod: dict) -> Any:
+        raise NotImplementedError
+
+    def to_job(self, at: float, event: str, job: dict) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self):
         for informer in self.informers:
             informer.start()
         for informer in self.informers:
@@ -426,7 +436,7 @@ class Recorder:
         self.stop_event.set()
 
     def _on_pod(self, event: str, pod: dict) -> None:
-        obs = pod_obs(time.time(), event, pod)
+        obs = self.to_pod(time.time(), event, pod)
         if obs is None:
             return
         with self.changed:
@@ -438,7 +448,7 @@ class Recorder:
             self.changed.notify_all()
 
     def _on_job(self, event: str, job: dict) -> None:
-        obs = job_obs(time.time(), event, job)
+        obs = self.to_job(time.time(), event, job)
         with self.changed:
             self.jobs.append(obs)
             if event == "DELETED":
@@ -447,9 +457,9 @@ class Recorder:
                 self.job_state[obs.name] = obs
             self.changed.notify_all()
 
-    def wait(self, predicate: Callable[["Recorder"], Any], timeout: float, what: str) -> Any:
+    def wait(self, predicate: Callable[[Any], Any], timeout: float, what: str) -> Any:
         """Block until ``predicate(self)`` is truthy (checked on every event); TimeoutError
-        naming ``what`` and the jobs' phases otherwise."""
+        naming ``what``, the jobs' phases and the live pods otherwise."""
         deadline = time.monotonic() + timeout
         with self.changed:
             while True:
@@ -458,9 +468,29 @@ class Recorder:
                     return result
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    phases = {n: (j.phase, j.ready) for n, j in list(self.job_state.items())[:10]}
-                    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; jobs: {phases}")
+                    phases = {n: j.phase for n, j in list(self.job_state.items())[:10]}
+                    raise TimeoutError(f"{self.title + ': ' if self.title else ''}timed out after {timeout:.0f}s "
+                                       f"waiting for {what}; jobs: {phases}, live pods: {len(self.live)}")
                 self.changed.wait(min(left, 1.0))
+
+    def clear(self) -> None:
+        """Forget the events so far, between repeated runs in one namespace (the live state
+        stays)."""
+        with self.changed:
+            self.pods, self.jobs = [], []
+
+
+class Recorder(NamespaceWatch):
+    """The DDPJob pods and DDPJobs of one namespace."""
+
+    def __init__(self, bed: Bed, namespace: str):
+        super().__init__(bed, namespace, JOB_LABEL, JOBS_PATH)
+
+    def to_pod(self, at: float, event: str, pod: dict) -> Optional[PodObs]:
+        return pod_obs(at, event, pod)
+
+    def to_job(self, at: float, event: str, job: dict) -> JobObs:
+        return job_obs(at, event, job)
 
     # -- predicates ---------------------------------------------------------------------------
     def phase(self, job: str) -> str:
@@ -480,10 +510,6 @@ class Recorder:
     def no_pods(self) -> bool:
         return not self.live
 
-    def clear(self) -> None:
-        """Forget the events so far (between repeated runs in one namespace)."""
-        with self.changed:
-            self.pods, self.jobs = [], []
 
 
 def delete_jobs(bed: Bed, rec: Recorder, timeout: float = 180) -> None:

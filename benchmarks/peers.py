@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 if __name__ == "__main__" and not __package__:
     # `python benchmarks/peers.py` is `python -m benchmarks.peers` with the repository importable.
@@ -50,7 +49,6 @@ from benchmarks.peer_systems import (  # noqa: E402
     SYSTEMS, TERMINAL, JobSeen, PodSeen, System, collection_path, gang_replaced, job_seen, milestones, pod_seen,
     status_lags,
 )
-from tests.testbed.rest import Informer  # noqa: E402
 
 NAME = "peers"
 SLEEP_1 = bc.SLEEP_1
@@ -83,72 +81,21 @@ def parser():
 # ---------------------------------------------------------------------------------------------
 # The watch
 # ---------------------------------------------------------------------------------------------
-class Watch:
+class Watch(bc.NamespaceWatch):
     """The namespace's pods and jobs of one system, each event stamped as it arrives."""
 
     def __init__(self, bed: bc.Bed, system: System, namespace: str):
-        self.system, self.namespace = system, namespace
-        self.pods: list[PodSeen] = []
-        self.jobs: list[JobSeen] = []
-        self.live: dict[str, PodSeen] = {}
-        self.job_state: dict[str, JobSeen] = {}
-        self.changed = threading.Condition()
-        self.stop_event = threading.Event()
-        self.informers = [
-            Informer(bed.rest, f"/api/v1/namespaces/{namespace}/pods", self._on_pod,
-                     label_selector=system.job_label, stop=self.stop_event),
-            Informer(bed.rest, system.api_path.format(ns=namespace), self._on_job, stop=self.stop_event)]
+        self.system, self.title = system, system.title
+        super().__init__(bed, namespace, system.job_label, system.api_path)
 
-    def __enter__(self) -> "Watch":
-        for informer in self.informers:
-            informer.start()
-        for informer in self.informers:
-            informer.synced.wait(30)
-        return self
+    def to_pod(self, at: float, event: str, pod: dict) -> Optional[PodSeen]:
+        return pod_seen(self.system, at, event, pod)
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop_event.set()
-
-    def _on_pod(self, event: str, pod: dict) -> None:
-        seen = pod_seen(self.system, time.time(), event, pod)
-        if seen is None:
-            return
-        with self.changed:
-            self.pods.append(seen)
-            if event == "DELETED":
-                self.live.pop(seen.uid, None)
-            else:
-                self.live[seen.uid] = seen
-            self.changed.notify_all()
-
-    def _on_job(self, event: str, job: dict) -> None:
-        seen = job_seen(self.system, time.time(), event, job)
-        with self.changed:
-            self.jobs.append(seen)
-            if event == "DELETED":
-                self.job_state.pop(seen.name, None)
-            else:
-                self.job_state[seen.name] = seen
-            self.changed.notify_all()
-
-    def wait(self, predicate: Callable[["Watch"], Any], timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        with self.changed:
-            while not (result := predicate(self)):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    phases = {n: j.phase for n, j in list(self.job_state.items())[:10]}
-                    raise TimeoutError(f"{self.system.title}: timed out after {timeout:.0f}s waiting for {what}; "
-                                       f"jobs: {phases}, live pods: {len(self.live)}")
-                self.changed.wait(min(left, 1.0))
-            return result
+    def to_job(self, at: float, event: str, job: dict) -> JobSeen:
+        return job_seen(self.system, at, event, job)
 
     def finished(self, names: Sequence[str]) -> bool:
         return all(n in self.job_state and self.job_state[n].phase in TERMINAL for n in names)
-
-    def clear(self) -> None:
-        with self.changed:
-            self.pods, self.jobs = [], []
 
 
 def delete_all(bed: bc.Bed, watch: Watch, timeout: float = 600) -> None:
