@@ -259,7 +259,7 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
                                                       "epoch": 2, "loss": 0.5, "throughput": 80.5}}}))
 
     header = kubectl("get", "ddpjobs", "-n", namespace).stdout.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE"]
+    assert header == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "QUEUE", "AGE"]
     wide = kubectl("get", "ddpj", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "EPOCH", "LOSS",
                                "THROUGHPUT", "REASON", "QUEUE", "AGE"]

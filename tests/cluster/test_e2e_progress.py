@@ -40,6 +40,16 @@ def scrape(e2e) -> dict[str, float]:
     return samples
 
 
+def kubectl_row(e2e, name: str, *flags: str) -> dict[str, str]:
+    """The job's row of `kubectl get ddpjobs`, cut by the header's column positions (a cell may
+    be empty)."""
+    header, *rows = e2e.cluster.kubectl("get", "ddpjobs", "-n", e2e.namespace, *flags).stdout.splitlines()
+    [line] = [r for r in rows if r.split()[0] == name]
+    columns = header.split()
+    starts = [header.index(column) for column in columns] + [None]
+    return {column: line[a:b].strip() for column, a, b in zip(columns, starts, starts[1:])}
+
+
 def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
     before = scrape(e2e)
     name = "progress"
@@ -52,9 +62,20 @@ def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
     progress = running["progress"]
     assert re.fullmatch(r"\d+/10000 \(\d+%\)", progress["summary"]), progress
     assert progress["totalSteps"] == 10000 and progress["epochs"] == 1 and progress["lastReportTime"], progress
-    moved = e2e.wait_for_status(name, lambda s: (s.get("progress") or {}).get("step", 0) > progress["step"],
-                                TIMEOUT, what="a later step")
+    moved = e2e.wait_for_status(
+        name, lambda s: (s.get("progress") or {}).get("step", 0) > progress["step"]
+        and (s.get("progress") or {}).get("loss") is not None and (s.get("progress") or {}).get("eta"),
+        TIMEOUT, what="a later step with a loss and an ETA")
     assert moved["progress"]["step"] > progress["step"]
+    # What a user sees while it trains: PROGRESS and ETA in `kubectl get`, the epoch, loss and
+    # throughput with -o wide, the last report's time in `kubectl describe`.
+    row = kubectl_row(e2e, name)
+    assert re.fullmatch(r"\d+/10000 \(\d+%\)", row["PROGRESS"]) and row["PHASE"] == "Running", row
+    assert re.fullmatch(r"\d+h\d\dm|\d+m\d\ds|\d+s", row["ETA"]), row
+    wide = kubectl_row(e2e, name, "-o", "wide")
+    assert wide["EPOCH"] == "1" and float(wide["LOSS"]) > 0 and float(wide["THROUGHPUT"]) > 0, wide
+    described = e2e.cluster.kubectl("describe", "ddpjob", name, "-n", e2e.namespace).stdout
+    assert re.search(r"Last Report Time:\s+\d{4}-\d\d-\d\dT", described), described
     after = scrape(e2e)
     assert after["ddpjob_reconcile_total"] > before.get("ddpjob_reconcile_total", 0)
     assert after['ddpjob_jobs{phase="Running"}'] >= 1

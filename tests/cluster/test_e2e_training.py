@@ -33,7 +33,7 @@ def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
     assert done["step"] == done["total_steps"] == start["total_steps"]
 
     table = kubectl("get", "ddpjobs", "-n", e2e.namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE"], table
+    assert table[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "QUEUE", "AGE"], table
     # Columns by position: PROGRESS and ETA may be empty (ETA always is once the job is over).
     starts = [table[0].index(column) for column in table[0].split()] + [None]
     row = {column: table[1][a:b].strip() for column, a, b in zip(table[0].split(), starts, starts[1:])}

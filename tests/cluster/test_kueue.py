@@ -330,3 +330,49 @@ def test_preemption_stops_the_gang_gracefully_and_it_resumes_from_its_checkpoint
     done, = trainer_events(log, "done")
     assert int(done["step"]) == int(done["total_steps"]) == total_steps, done
     assert _condition(workload(e2e, "train"), "Finished")
+
+
+def test_the_example_file_is_admitted_by_the_real_kueue(e2e, kueue, watched):
+    """examples/ddpjob-kueue.yaml as a user applies it (its cluster-scoped names suffixed with
+    the test's namespace, so no other test's quota is touched): Kueue accepts its objects and
+    admits the DDPJob as one unit, and the operator creates the whole gang. The pods stay
+    Pending here (the example's ReadWriteMany claim has no provisioner on the test bed)."""
+    import yaml
+
+    documents = list(yaml.safe_load_all((Path(__file__).resolve().parents[2] / "examples" /
+                                         "ddpjob-kueue.yaml").read_text()))
+    suffix = f"-{e2e.namespace}"
+    renamed = {}
+    for doc in documents:
+        if doc["kind"] in ("ResourceFlavor", "ClusterQueue", "WorkloadPriorityClass"):
+            renamed[doc["metadata"]["name"]] = doc["metadata"]["name"] + suffix
+            doc["metadata"]["name"] += suffix
+        else:
+            doc["metadata"]["namespace"] = e2e.namespace
+    [job] = [doc for doc in documents if doc["kind"] == "DDPJob"]
+    [cluster_queue] = [doc for doc in documents if doc["kind"] == "ClusterQueue"]
+    [local_queue] = [doc for doc in documents if doc["kind"] == "LocalQueue"]
+    for group in cluster_queue["spec"]["resourceGroups"]:
+        for flavor in group["flavors"]:
+            flavor["name"] = renamed[flavor["name"]]
+    local_queue["spec"]["clusterQueue"] = renamed[local_queue["spec"]["clusterQueue"]]
+    labels = job["metadata"]["labels"]
+    labels[kueue_api.PRIORITY_LABEL] = renamed[labels[kueue_api.PRIORITY_LABEL]]
+    name, nnodes = job["metadata"]["name"], job["spec"]["nnodes"]
+    try:
+        e2e.cluster.kubectl.apply_yaml(documents)
+        e2e.cluster.wait_for(lambda: _condition(workload(e2e, name), "Admitted"), TIMEOUT,
+                             "the example's Workload admitted")
+        e2e.cluster.wait_for(lambda: len(e2e.pods(name)) == nnodes, TIMEOUT, "the example's whole gang")
+        admitted = workload(e2e, name)
+        assert admitted["spec"]["podSets"][0]["count"] == nnodes, admitted["spec"]
+        assert admitted["spec"]["priorityClassRef"]["name"] == renamed["batch"], admitted["spec"]
+        assert admitted["spec"]["priority"] == 100, admitted["spec"]  # the example's class "batch"
+        assert admitted["spec"]["queueName"] == local_queue["metadata"]["name"], admitted["spec"]
+        assert e2e.wait_for_event(name, "Admitted")
+    finally:
+        e2e.cluster.kubectl("delete", "ddpjobs", "--all", "-n", e2e.namespace, "--wait=true", check=False)
+        for doc in reversed(documents):
+            if doc["kind"] in ("ResourceFlavor", "ClusterQueue", "WorkloadPriorityClass"):
+                e2e.cluster.kubectl("delete", f"{doc['kind'].lower()}.{GROUP}", doc["metadata"]["name"],
+                                    "--ignore-not-found", "--wait=false", check=False)

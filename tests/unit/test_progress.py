@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import socket
+import sys
 import urllib.request
 
 import pytest
@@ -208,6 +209,22 @@ def test_report_progress_writes_one_file_per_rank_throttled_and_nothing_outside_
     assert not report.report_progress(1, environ={})
     reports = contract.read_progress_reports(str(tmp_path / "p"))
     assert list(reports) == ["3"] and reports["3"]["step"] == 7 and reports["3"]["age_seconds"] >= 0
+
+
+def test_the_reporting_rank_is_the_argument_then_the_started_group_then_rank(tmp_path, monkeypatch):
+    """mp.spawn's children inherit the pod's RANK: a started process group must win over it."""
+    import types
+
+    env = {contract.DDPJOB_PROGRESS_DIR: str(tmp_path), contract.RANK: "4"}
+    group = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: False,
+                                  get_rank=lambda: 5)
+    monkeypatch.setitem(sys.modules, "torch.distributed", group)
+    assert report.report_progress(1, environ=env, force=True)  # no group yet: $RANK
+    group.is_initialized = lambda: True
+    assert report.report_progress(2, environ=env, force=True)  # the group's rank
+    assert report.report_progress(3, environ=env, force=True, rank=7)  # said outright
+    assert {name: r["step"] for name, r in contract.read_progress_reports(str(tmp_path)).items()} == \
+        {"4": 1, "5": 2, "7": 3}
 
 
 def test_the_pod_serves_its_ranks_reports_over_http(tmp_path):

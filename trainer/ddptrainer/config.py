@@ -84,7 +84,8 @@ class TrainConfig:
     """torch intra-op threads per rank (0: torch's default; torchrun sets 1 with several ranks)."""
     channels_last: Optional[bool] = None
     """Channels-last memory format for the model and batches (ResNets only). None: on a GPU only
-    (on CPU it is faster but changes the losses beyond rounding: benchmarks/trainer_flops.py)."""
+    (on CPU no faster within the noise, 0.94x in the quiet run, and it changes the losses beyond
+    rounding: benchmarks/trainer_flops.py)."""
     compile: bool = False
     """torch.compile the model (slow start: minutes on 2 CPU cores; benchmarks/trainer_flops.py)."""
     checkpoint_dir: str = "./checkpoints"

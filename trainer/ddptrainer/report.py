@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,18 +39,49 @@ def _number(value: Any) -> Any:
     return value
 
 
+def _process_group_rank() -> Optional[int]:
+    """This process's rank in torch.distributed's default group, if the program has already
+    imported torch and started one (never imports torch itself: this module stays
+    dependency-free)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # a half-initialised or exotic backend: fall back to the environment
+        return None
+    return None
+
+
+def _reporting_rank(rank: Optional[int], env: Mapping[str, str]) -> int:
+    """Which ``rank-N.json`` this process writes. ``RANK`` alone is not enough: processes
+    started by ``mp.spawn`` inherit the pod's ``RANK`` (the pod's *first* rank), so every one of
+    them would overwrite the same file, and hang detection would see one rank where there are
+    several. The process group, once started, knows the truth."""
+    if rank is not None:
+        return int(rank)
+    started = _process_group_rank()
+    if started is not None:
+        return started
+    try:
+        return int(env.get(contract.RANK, "0"))
+    except ValueError:
+        return 0
+
+
 def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Optional[int] = None,
                     epochs: Optional[int] = None, loss: Optional[float] = None,
                     throughput: Optional[float] = None, force: bool = False,
-                    min_interval: float = 1.0, environ: Optional[Mapping[str, str]] = None) -> bool:
+                    min_interval: float = 1.0, rank: Optional[int] = None,
+                    environ: Optional[Mapping[str, str]] = None) -> bool:
     """Record this process's progress (``throughput`` in samples per second). Returns whether a
-    report was written (False: not in a DDPJob, throttled, or the directory is not writable)."""
+    report was written (False: not in a DDPJob, throttled, or the directory is not writable).
+
+    The rank is ``rank`` if given, else the started process group's rank, else ``$RANK``."""
     env = os.environ if environ is None else environ
     directory = env.get(contract.DDPJOB_PROGRESS_DIR)
     if not directory:
         return False
-    rank = env.get(contract.RANK, "0")
-    path = os.path.join(directory, contract.progress_file_name(int(rank)))
+    path = os.path.join(directory, contract.progress_file_name(_reporting_rank(rank, env)))
     now = time.time()
     if not force and now - _last_write.get(path, -math.inf) < min_interval:
         return False

@@ -29,9 +29,10 @@ def printer_columns() -> list[dict]:
         {"name": "Throughput", "type": "number", "jsonPath": ".status.progress.throughput",
          "description": "samples per second", "priority": 1},
         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
-        # The Kueue LocalQueue a queued job waits in (docs/kueue.md).
+        # The Kueue LocalQueue a job is queued through (docs/kueue.md): in the plain view, so that
+        # a Queued job says where it waits; empty for a job without one.
         {"name": "Queue", "type": "string", "jsonPath": ".metadata.labels.kueue\\.x-k8s\\.io/queue-name",
-         "priority": 1},
+         "description": "the Kueue LocalQueue (label kueue.x-k8s.io/queue-name)"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 
