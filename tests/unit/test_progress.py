@@ -186,6 +186,71 @@ def test_a_phase_change_is_written_at_once_whatever_the_progress_rate_limit():
     assert kube.status["reason"] == "Stalled"
 
 
+def test_without_a_poll_function_the_pass_only_asks_and_merges_answers_on_a_later_pass():
+    """The operator's own path: a pass never waits on the pods' network. It leaves the poll it
+    wants in the memory (the worker runs it off the reconcile threads) and takes the answers
+    that have come back, the current gang's only, on a later pass."""
+    settings = OperatorSettings(progress_poll_seconds=10, progress_status_interval_seconds=0)
+    kube, memory = FakeKube(), JobMemory()
+    obj = body(status=running_status().to_dict())
+    reconcile(obj, pods(), memory, kube=kube, settings=settings, post_event=lambda e: None, now=NOW, parse=parse)
+    assert memory.poll_due == (0, ("10.0.0.1", "10.0.0.2"))
+    assert not (kube.status.get("progress") or {}).get("ranksReporting"), kube.status  # nobody asked yet
+    memory.poll_due = None  # the worker took it
+    memory.poll_answers.append((1, [answer((0, 99, 0.1))]))  # a newer gang's: not this one's
+    memory.poll_answers.append((0, [answer((0, 30, 0.1)), answer((1, 31, 0.1))]))
+    reconcile(obj, pods(), memory, kube=kube, settings=settings, post_event=lambda e: None, now=at(1), parse=parse)
+    assert kube.status["progress"]["step"] == 31 and kube.status["progress"]["ranksReporting"] == 2
+    assert not memory.poll_answers and memory.poll_due is None  # not due again for 10 s
+
+
+def test_a_progress_poll_that_hangs_never_holds_up_other_jobs_passes(monkeypatch):
+    """Pods that cannot answer (gone, or a NetworkPolicy dropping the port) make a poll wait
+    out its timeout: that wait runs beside the passes, so with fewer reconcile threads than
+    polling jobs the other jobs' passes still run at once."""
+    import asyncio
+    import threading
+
+    from ddpjob.controller import workqueue
+
+    released = threading.Event()
+    polls = []
+
+    def hanging_poll(ips, port, timeout):
+        polls.append(tuple(ips))
+        released.wait(10)
+        return [{} for _ in ips]
+
+    monkeypatch.setattr(workqueue, "poll_pods", hanging_poll)
+    settings = OperatorSettings(reconcile_workers=1, coalesce_seconds=0)
+
+    async def scenario():
+        runtime, kube = workqueue.Runtime(), FakeKube()
+        runtime.start(settings, lambda s: kube)
+        try:
+            index = {("ns", "train"): pods()}
+            runtime.observe(None, body(status=running_status().to_dict()), index)
+            deadline = asyncio.get_running_loop().time() + 5
+            while not polls:
+                assert asyncio.get_running_loop().time() < deadline, "no poll started"
+                await asyncio.sleep(0.01)
+            # The poll hangs; the job's (and any job's) next pass still runs on the one thread.
+            worker = runtime.workers[("ns", "train")]
+            before = len(kube.log)
+            index[("ns", "train")] = [pod_view(0, "Succeeded", 0, pod_ip="10.0.0.1"),
+                                      pod_view(1, "Succeeded", 0, pod_ip="10.0.0.2")]
+            worker.wakeup.set()
+            while (kube.status or {}).get("phase") != "Succeeded":
+                assert asyncio.get_running_loop().time() < deadline, f"pass held up: {kube.log[before:]}"
+                await asyncio.sleep(0.01)
+            assert worker.poll_task is not None and not worker.poll_task.done()  # still hanging
+        finally:
+            released.set()
+            await runtime.stop()
+
+    asyncio.run(scenario())
+
+
 def test_after_an_operator_restart_the_stall_clock_continues_from_the_status():
     settings = OperatorSettings()
     recorded = Progress(summary="5/100 (5%)", step=5, totalSteps=100, lastReportTime=format_time(at(-70)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -16,7 +17,6 @@ from ddpjob import contract
 from ddpjob.controller import builders, kueue
 from ddpjob.controller import metrics
 from ddpjob.api import progress as progress_reports
-from ddpjob.controller.progress import poll_pods
 from ddpjob.api import spec
 from ddpjob.controller.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
 from ddpjob.controller.kube import ApiError, KubeApi
@@ -44,6 +44,11 @@ class JobMemory:
     last_error: str = ""
     progress: Optional[progress_reports.GangProgress] = None  # the current attempt's reports
     next_poll: Optional[dt.datetime] = None  # when to ask the pods for progress again
+    # A progress poll the pass wants, (attempt, pod IPs), for the worker to run off the
+    # reconcile threads; the answers come back through poll_answers (appended by the worker,
+    # taken by the next pass: a deque, whose append and popleft are thread-safe).
+    poll_due: Optional[tuple[int, tuple[str, ...]]] = None
+    poll_answers: deque = field(default_factory=deque)
     progress_written: Optional[dt.datetime] = None  # the last status write for progress alone
     workload_created: Optional[str] = None  # the job uid whose Kueue Workload this process created
     workload_seen: Optional[str] = None  # ... and whose Workload the watch has shown since
@@ -90,7 +95,7 @@ def reconcile(
         plan = decide_invalid(status, f"invalid spec: {exc}", pods, now, uid=meta.get("uid"),
                               generation=meta.get("generation"))
     else:
-        progress = _poll_progress(job, status, pods, memory, settings, now, poll or poll_pods)
+        progress = _poll_progress(job, status, pods, memory, settings, now, poll)
         plan = decide(job, status, pods, now, generation=meta.get("generation"),
                       created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
                       creation_errors=memory.refused.get(status.restartAttempt, {}),
@@ -132,21 +137,34 @@ def _soonest(*delays: Optional[float]) -> Optional[float]:
 
 def _poll_progress(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], memory: JobMemory,
                    settings: OperatorSettings, now: dt.datetime,
-                   poll: Poll) -> Optional[progress_reports.GangProgress]:
+                   poll: Optional[Poll]) -> Optional[progress_reports.GangProgress]:
     """Ask the running gang's pods for their ranks' reports, at most every
-    progress_poll_seconds; returns what the current attempt has reported so far."""
+    progress_poll_seconds; returns what the current attempt has reported so far.
+
+    With ``poll`` (tests, tools) the pods are asked here and now. Without it (the operator) the
+    pass only says that a poll is due (``memory.poll_due``): the worker runs it off the
+    reconcile threads and wakes the job when the answers are in. A pass never waits on a pod's
+    network: pods that cannot answer (gone, or a NetworkPolicy dropping the port) would
+    otherwise hold a reconcile thread for the request timeout each, and with many jobs every
+    job's status would queue behind them (benchmarks/README.md, peers)."""
     attempt = status.restartAttempt
     if memory.progress is not None and memory.progress.attempt != attempt:
         memory.progress, memory.next_poll = None, None  # a new gang: a new clock
     if memory.progress is None:
         memory.progress = progress_reports.from_status(status.progress, attempt)
+    while memory.poll_answers:
+        polled_attempt, answers = memory.poll_answers.popleft()
+        if polled_attempt == attempt:  # an older gang's answers mean nothing now
+            memory.progress = progress_reports.merge(memory.progress, attempt, answers)
     if status.phase != RUNNING:
         return memory.progress
     if memory.next_poll is None or now >= memory.next_poll:
         ips = [p.pod_ip for p in pods if p.attempt == attempt and p.ready and p.pod_ip]
-        if ips:
+        if ips and poll is not None:
             answers = poll(ips, contract.DEFAULT_PROGRESS_PORT, settings.progress_request_timeout_seconds)
             memory.progress = progress_reports.merge(memory.progress, attempt, answers)
+        elif ips:
+            memory.poll_due = (attempt, tuple(ips))
         memory.next_poll = now + dt.timedelta(seconds=settings.progress_poll_seconds)
     return memory.progress
 

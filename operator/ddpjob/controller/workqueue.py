@@ -15,9 +15,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional
 
+from ddpjob import contract
 from ddpjob.controller import metrics
 from ddpjob.controller.decide import Event, PodView
 from ddpjob.controller.kube import Kube
+from ddpjob.controller.progress import poll_pods
 from ddpjob.controller.reconcile import JobMemory, reconcile
 from ddpjob.controller.settings import OperatorSettings
 
@@ -44,6 +46,7 @@ class JobWorker:
         self.key = job_key(body)
         self.uid = (body.get("metadata") or {}).get("uid")
         self.memory = JobMemory()
+        self.poll_task: Optional[asyncio.Task] = None  # the job's progress poll, at most one
         self.wakeup = asyncio.Event()
         self.wakeup.set()  # the first pass runs at once
         self.task = asyncio.create_task(self._run(), name=f"ddpjob {self.key[0]}/{self.key[1]}")
@@ -104,13 +107,41 @@ class JobWorker:
             except Exception:  # a bug, not an API error (those are reported by reconcile)
                 logger.exception("%s/%s: reconcile pass crashed", *self.key)
                 requeue = UNEXPECTED_ERROR_DELAY
+            self._start_poll()
+
+    def _start_poll(self) -> None:
+        """The progress poll the last pass asked for, in the background: HTTP to the pods on a
+        pool of its own, never on the reconcile threads; its answers wake the job."""
+        due = self.memory.poll_due
+        if due is None or self.poll_task is not None:
+            return  # none wanted, or one in flight (the next due time asks again)
+        self.memory.poll_due = None
+        self.poll_task = asyncio.create_task(self._poll(*due), name=f"ddpjob poll {self.key[0]}/{self.key[1]}")
+
+    async def _poll(self, attempt: int, ips: tuple[str, ...]) -> None:
+        settings = self.runtime.settings
+        try:
+            answers = await asyncio.get_running_loop().run_in_executor(
+                self.runtime.poll_pool, poll_pods, ips, contract.DEFAULT_PROGRESS_PORT,
+                settings.progress_request_timeout_seconds)
+            self.memory.poll_answers.append((attempt, answers))
+            self.wakeup.set()
+        except Exception:  # never let a poll take the worker down; the next one may do better
+            logger.exception("%s/%s: progress poll crashed", *self.key)
+        finally:
+            self.poll_task = None
 
     async def stop(self) -> None:
-        self.task.cancel()
-        try:
-            await self.task
-        except asyncio.CancelledError:
-            pass
+        for task in (self.poll_task, self.task):
+            if task is not None:
+                task.cancel()
+        for task in (self.task, self.poll_task):
+            if task is None:
+                continue
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
 
 
 def _essential(body: Mapping[str, Any]) -> tuple:
@@ -127,6 +158,7 @@ class Runtime:
         self.emit_event: EmitEvent = lambda body, event: None
         self.pool: Optional[ThreadPoolExecutor] = None  # passes of jobs that have pods
         self.gang_pool: Optional[ThreadPoolExecutor] = None  # passes of jobs that have none yet
+        self.poll_pool: Optional[ThreadPoolExecutor] = None  # progress polls (HTTP to pods)
         self.workers: dict[JobKey, JobWorker] = {}
         self._stopping: set[asyncio.Task] = set()  # asyncio keeps only weak references to tasks
 
@@ -141,6 +173,7 @@ class Runtime:
         metrics.count_jobs_from(lambda: [w.memory.status.phase for w in list(self.workers.values())
                                          if w.memory.status is not None])
         self.gang_pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-gang")
+        self.poll_pool = ThreadPoolExecutor(max_workers=settings.reconcile_workers, thread_name_prefix="ddpjob-poll")
 
     def observe(self, event_type: Optional[str], body: Mapping[str, Any], pods: Mapping[JobKey, Any],
                 workloads: Optional[Mapping[JobKey, Any]] = None) -> None:
@@ -168,7 +201,7 @@ class Runtime:
     async def stop(self) -> None:
         workers, self.workers = list(self.workers.values()), {}
         await asyncio.gather(*(w.stop() for w in workers), *self._stopping, return_exceptions=True)
-        for pool in (self.pool, self.gang_pool):
+        for pool in (self.pool, self.gang_pool, self.poll_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
         if self.kube is not None:
