@@ -143,7 +143,8 @@ def _poll_progress(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView],
 
     With ``poll`` (tests, tools) the pods are asked here and now. Without it (the operator) the
     pass only says that a poll is due (``memory.poll_due``): the worker runs it off the
-    reconcile threads and wakes the job when the answers are in. A pass never waits on a pod's
+    reconcile threads, and a later pass takes the answers (the first reports of a gang wake
+    the job at once; later ones wait for the pass that asks the next poll). A pass never waits on a pod's
     network: pods that cannot answer (gone, or a NetworkPolicy dropping the port) would
     otherwise hold a reconcile thread for the request timeout each, and with many jobs every
     job's status would queue behind them (benchmarks/README.md, peers)."""

@@ -111,7 +111,7 @@ class JobWorker:
 
     def _start_poll(self) -> None:
         """The progress poll the last pass asked for, in the background: HTTP to the pods on a
-        pool of its own, never on the reconcile threads; its answers wake the job."""
+        pool of its own, never on the reconcile threads; the next pass takes its answers."""
         due = self.memory.poll_due
         if due is None or self.poll_task is not None:
             return  # none wanted, or one in flight (the next due time asks again)
@@ -125,7 +125,13 @@ class JobWorker:
                 self.runtime.poll_pool, poll_pods, ips, contract.DEFAULT_PROGRESS_PORT,
                 settings.progress_request_timeout_seconds)
             self.memory.poll_answers.append((attempt, answers))
-            self.wakeup.set()
+            known = self.memory.progress
+            if any(answers) and (known is None or not known.ranks):
+                # The gang's first reports: a pass now, so that progress shows and the startup
+                # bound ends at once. Later answers wait for the pass that asks the next poll
+                # (progress_poll_seconds): one pass per poll, not two
+                # (benchmarks/README.md, progress API cost).
+                self.wakeup.set()
         except Exception:  # never let a poll take the worker down; the next one may do better
             logger.exception("%s/%s: progress poll crashed", *self.key)
         finally:
