@@ -228,6 +228,16 @@ class E2E:
             f"an Event {reason} on {name}")
 
 
+def table_rows(output: str) -> tuple[list[str], list[dict[str, str]]]:
+    """`kubectl get` output as (columns, rows), each row cut at the header's column positions
+    (a cell may be empty or hold spaces, so splitting on whitespace would shift the cells)."""
+    header, *lines = output.splitlines()
+    columns = header.split()
+    starts = [header.index(column) for column in columns] + [None]
+    return columns, [{column: line[a:b].strip() for column, a, b in zip(columns, starts, starts[1:])}
+                     for line in lines]
+
+
 def parse_time(text: str) -> dt.datetime:
     """A Kubernetes timestamp (RFC 3339, ``Z``)."""
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))

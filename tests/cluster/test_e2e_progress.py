@@ -15,6 +15,7 @@ from tests.testbed.operator_runner import operator_environment, render_manifests
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
     ONE_THREAD_ENV, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, hostpath_volume, prepare_shared_dir,
+    table_rows,
 )
 
 pytestmark = pytest.mark.cluster
@@ -41,13 +42,10 @@ def scrape(e2e) -> dict[str, float]:
 
 
 def kubectl_row(e2e, name: str, *flags: str) -> dict[str, str]:
-    """The job's row of `kubectl get ddpjobs`, cut by the header's column positions (a cell may
-    be empty)."""
-    header, *rows = e2e.cluster.kubectl("get", "ddpjobs", "-n", e2e.namespace, *flags).stdout.splitlines()
-    [line] = [r for r in rows if r.split()[0] == name]
-    columns = header.split()
-    starts = [header.index(column) for column in columns] + [None]
-    return {column: line[a:b].strip() for column, a, b in zip(columns, starts, starts[1:])}
+    """The job's row of `kubectl get ddpjobs`."""
+    _, rows = table_rows(e2e.cluster.kubectl("get", "ddpjobs", "-n", e2e.namespace, *flags).stdout)
+    [row] = [r for r in rows if r["NAME"] == name]
+    return row
 
 
 def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
-    EXAMPLES, ONE_THREAD_ENV, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, terminated_state,
+    EXAMPLES, ONE_THREAD_ENV, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, table_rows, terminated_state,
     trainer_events,
 )
 
@@ -32,11 +32,10 @@ def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
     done, = trainer_events(log, "done")
     assert done["step"] == done["total_steps"] == start["total_steps"]
 
-    table = kubectl("get", "ddpjobs", "-n", e2e.namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "QUEUE", "AGE"], table
-    # Columns by position: PROGRESS and ETA may be empty (ETA always is once the job is over).
-    starts = [table[0].index(column) for column in table[0].split()] + [None]
-    row = {column: table[1][a:b].strip() for column, a, b in zip(table[0].split(), starts, starts[1:])}
+    table = kubectl("get", "ddpjobs", "-n", e2e.namespace).stdout
+    columns, [row] = table_rows(table)
+    assert columns == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "QUEUE", "AGE"], table
+    # PROGRESS and ETA may be empty (ETA always is once the job is over).
     assert (row["NAME"], row["PHASE"], row["RESTARTS"], row["ETA"]) == ("ddpjob-example", "Succeeded", "0", ""), table
     assert row["READY"].endswith("/2"), table
     wide = kubectl("get", "ddpjobs", "-n", e2e.namespace, "-o", "wide").stdout.splitlines()

@@ -12,13 +12,14 @@ import secrets
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 
 from ddpjob.controller import kueue as kueue_api
 from tests.testbed.operator_runner import OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
-    ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
+    EXAMPLES, ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
     gate_command, hostpath_volume, open_gate, trainer_events,
 )
 
@@ -337,10 +338,7 @@ def test_the_example_file_is_admitted_by_the_real_kueue(e2e, kueue, watched):
     the test's namespace, so no other test's quota is touched): Kueue accepts its objects and
     admits the DDPJob as one unit, and the operator creates the whole gang. The pods stay
     Pending here (the example's ReadWriteMany claim has no provisioner on the test bed)."""
-    import yaml
-
-    documents = list(yaml.safe_load_all((Path(__file__).resolve().parents[2] / "examples" /
-                                         "ddpjob-kueue.yaml").read_text()))
+    documents = list(yaml.safe_load_all((EXAMPLES / "ddpjob-kueue.yaml").read_text()))
     suffix = f"-{e2e.namespace}"
     renamed = {}
     for doc in documents:

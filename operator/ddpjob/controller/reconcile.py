@@ -144,10 +144,10 @@ def _poll_progress(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView],
     With ``poll`` (tests, tools) the pods are asked here and now. Without it (the operator) the
     pass only says that a poll is due (``memory.poll_due``): the worker runs it off the
     reconcile threads, and a later pass takes the answers (the first reports of a gang wake
-    the job at once; later ones wait for the pass that asks the next poll). A pass never waits on a pod's
-    network: pods that cannot answer (gone, or a NetworkPolicy dropping the port) would
-    otherwise hold a reconcile thread for the request timeout each, and with many jobs every
-    job's status would queue behind them (benchmarks/README.md, peers)."""
+    the job at once; later ones wait for the pass that asks the next poll). A pass never waits
+    on a pod's network: pods that cannot answer (gone, or a NetworkPolicy dropping the port)
+    would otherwise hold a reconcile thread for the request timeout each, and with many jobs
+    every job's status would queue behind them (benchmarks/README.md, peers)."""
     attempt = status.restartAttempt
     if memory.progress is not None and memory.progress.attempt != attempt:
         memory.progress, memory.next_poll = None, None  # a new gang: a new clock

@@ -138,16 +138,10 @@ class JobWorker:
             self.poll_task = None
 
     async def stop(self) -> None:
-        for task in (self.poll_task, self.task):
-            if task is not None:
-                task.cancel()
-        for task in (self.task, self.poll_task):
-            if task is None:
-                continue
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        tasks = [task for task in (self.task, self.poll_task) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # their CancelledErrors, as results
 
 
 def _essential(body: Mapping[str, Any]) -> tuple:
