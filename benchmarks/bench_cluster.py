@@ -256,6 +256,20 @@ class Bed:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=30)
 
+    def second_operator(self, identity: str) -> OperatorProcess:
+        """Another replica of the operator (its own identity in the leader Lease, the same
+        command, environment and ServiceAccount as the first), started; the caller stops it."""
+        control_plane = self.testbed.control_plane
+        kubeconfig = service_account_kubeconfig(
+            self.kubectl, control_plane.server, control_plane.pki.ca_cert,
+            self.testbed.run_dir / f"{identity}.kubeconfig")
+        env = {k: v for k, v in self.operator.extra_env.items() if k != "DDPJOB_OPERATOR_POD_NAME"}
+        replica = OperatorProcess(
+            self.operator.command_template, kubeconfig, self.testbed.run_dir / "logs" / f"{identity}.log",
+            extra_pythonpath=self.operator.extra_pythonpath, env=env, identity=identity,
+            register=self.testbed.extra_processes.append)
+        return replica.start()
+
     def restart_operator(self) -> bool:
         """A fresh operator process (so its peak memory is this scenario's); only a bed that
         started its own operator does this. Returns whether it restarted."""

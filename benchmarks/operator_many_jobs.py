@@ -19,10 +19,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 from benchmarks import bench_cluster as bc
-from benchmarks.bench_stats import STATUS_LATENCY_PARTS, gang_times, status_latencies, status_latency_parts, summarize, table
+from benchmarks.bench_stats import (
+    STATUS_LATENCY_PARTS, gang_times, profile_buckets, status_latencies, status_latency_parts, summarize, table,
+)
 
 NAME = "operator_many_jobs"
 SMOKE_FIGURES = ["3.jobs_per_minute", "3.status_latency_s.median", "3.operator_cpu_s", "3.operator_peak_mib"]
@@ -33,10 +36,13 @@ def parser():
     p = bc.base_parser(__doc__.splitlines()[0])
     p.add_argument("--counts", type=int, nargs="+", default=[1, 10, 50, 100])
     p.add_argument("--nnodes", type=int, default=4)
+    p.add_argument("--py-spy", type=Path, metavar="DIR",
+                   help="profile the operator with py-spy during each scenario (raw stacks in DIR/jobs-N.txt)")
     return p
 
 
-def scenario(bed: bc.Bed, count: int, nnodes: int, settle: bool = True) -> dict[str, Any]:
+def scenario(bed: bc.Bed, count: int, nnodes: int, settle: bool = True,
+             profile: Optional[Path] = None) -> dict[str, Any]:
     restarted = bed.restart_operator()
     bc.warm_up(bed)
     pid = bed.operator_pid
@@ -46,9 +52,10 @@ def scenario(bed: bc.Bed, count: int, nnodes: int, settle: bool = True) -> dict[
         names = [f"job-{i:03d}" for i in range(count)]
         audit_offset = bed.audit_offset()
         cpu_before = bed.cpu_snapshot()
-        started = time.time()
-        create_s = bed.create_at_once([bc.ddpjob(name, ns, nnodes, bc.SLEEP_1) for name in names])
-        rec.wait(lambda r: r.finished(names), 1800, f"{count} jobs to finish")
+        with bed.profiled(profile):
+            started = time.time()
+            create_s = bed.create_at_once([bc.ddpjob(name, ns, nnodes, bc.SLEEP_1) for name in names])
+            rec.wait(lambda r: r.finished(names), 1800, f"{count} jobs to finish")
         cpu = bed.cpu_delta(cpu_before, bed.cpu_snapshot())
         memory = bc.proc_memory_mib(pid)
         failed = [n for n in names if rec.phase(n) != "Succeeded"]
@@ -62,7 +69,7 @@ def scenario(bed: bc.Bed, count: int, nnodes: int, settle: bool = True) -> dict[
     makespan = last_finished - first_added
     per_job = [t["job_finished"] - t["job_added"] for t in times.values()]
     to_running = [t["all_running"] - t["job_added"] for t in times.values() if t["all_running"]]
-    return {
+    result = {
         "jobs": count, "nnodes": nnodes, "failed": failed, "operator_restarted": restarted,
         "create_all_s": create_s, "first_job_seen_s": first_added - started,
         "makespan_s": makespan, "jobs_per_minute": 60 * count / makespan,
@@ -76,13 +83,18 @@ def scenario(bed: bc.Bed, count: int, nnodes: int, settle: bool = True) -> dict[
         "operator_peak_mib": memory["peak_mib"], "operator_rss_end_mib": memory["rss_mib"],
         "cpu_s": cpu, "loadavg_1min_end": os.getloadavg()[0], "settled_before_s": settled_s,
     }
+    if profile is not None and profile.exists():
+        result["operator_profile"] = {k: round(v, 3) for k, v in
+                                      profile_buckets(profile.read_text().splitlines()).items()}
+    return result
 
 
 def run(bed: bc.Bed, args) -> dict[str, Any]:
     counts, nnodes = ([1, 3], 2) if args.smoke else (args.counts, args.nnodes)
     scenarios = {}
     for count in counts:
-        result = scenario(bed, count, nnodes, settle=not args.smoke)
+        profile = args.py_spy / f"jobs-{count}.txt" if getattr(args, "py_spy", None) else None
+        result = scenario(bed, count, nnodes, settle=not args.smoke, profile=profile)
         scenarios[count] = result
         print(f"{count} jobs: {result['jobs_per_minute']:.1f} jobs/min, status latency median "
               f"{result['status_latency_s'].get('median', float('nan')):.3f}s, operator CPU "
@@ -124,6 +136,11 @@ def report(results: dict[str, Any]) -> str:
                      "operator RSS before MiB", "operator peak MiB", "apiserver CPU s", "node agent CPU s"], rows))
     for what, met in results["target_met"].items():
         text += f"\n\ntarget {what}: {'met' if met else 'MISSED'}"
+    for count in sorted(results["scenarios"], key=int):
+        profile = results["scenarios"][count].get("operator_profile")
+        if profile:
+            text += (f"\n\noperator profile at {count} jobs (py-spy, share of samples by package of the deepest "
+                     "frame): " + ", ".join(f"{k} {v:.0%}" for k, v in profile.items()))
     rows = []
     for count in sorted(results["scenarios"], key=int):
         r = results["scenarios"][count]

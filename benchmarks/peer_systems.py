@@ -123,9 +123,14 @@ def _true_conditions(status: Mapping[str, Any]) -> list[str]:
 
 def ddpjob_state(job: Mapping[str, Any]) -> tuple[str, int, int]:
     status = job.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if status.get("unlistedNodes"):  # a gang of more than 64: status.nodes lists 64, the counts are whole
+        from ddpjob.api.status import parse_rank_ranges
+
+        succeeded = len(parse_rank_ranges(status.get("succeededRanks") or "", int(status.get("nnodes") or 0)))
+        return phase, int(status.get("readyNodes") or 0) + succeeded, succeeded
     phases = [n.get("phase") for n in status.get("nodes") or ()]
-    return (status.get("phase") or "Pending", sum(p in ("Running", "Succeeded") for p in phases),
-            sum(p == "Succeeded" for p in phases))
+    return (phase, sum(p in ("Running", "Succeeded") for p in phases), sum(p == "Succeeded" for p in phases))
 
 
 def pytorchjob_state(job: Mapping[str, Any]) -> tuple[str, int, int]:

@@ -25,6 +25,7 @@ RUNS = [("operator_start_latency", []),
         ("operator_many_jobs", []), ("operator_many_jobs", ["--pods-cpu-limit", "0.5"]),
         ("operator_many_jobs", ["--pods-nice", "19"]),
         ("operator_api_cost", []), ("operator_progress_cost", []), ("operator_recovery", []),
+        ("operator_failover", []),
         ("peers", []), ("trainer_scaling", []), ("trainer_vs_plain", []), ("trainer_flops", [])]
 BENCHMARKS = sorted({name for name, _ in RUNS})
 

@@ -5,7 +5,9 @@ never imports kopf or kubernetes; this module, standard library only, is what jo
 It defines, once:
 
 * the environment every DDPJob pod gets (and every local node process under ``ddpjob run``);
-* the trainer's exit codes and which of them a restart cannot fix.
+* the trainer's exit codes, which of them a restart cannot fix, and which failure among several
+  is the root cause (``failure_rank``: the operator's ``status.failedNode``, the pod's exit code
+  and the init guard's verdicts all sort by it).
 
 ``docs/contract.md`` is the page that documents it; a unit test keeps the two in step.
 
@@ -27,9 +29,12 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
+import re
 import time
-from typing import Any, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
 
 # ---------------------------------------------------------------------------------------------
 # Version and defaults
@@ -68,6 +73,9 @@ NPROC_PER_NODE = "NPROC_PER_NODE"
 # DDPJob's own.
 DDPJOB_NAME = "DDPJOB_NAME"
 DDPJOB_NAMESPACE = "DDPJOB_NAMESPACE"
+#: The DDPJob's metadata.uid: a job deleted and created again under the same name is another
+#: job (the trainer records it as its checkpoints' owner). ``ddpjob run``: one fresh id per run.
+DDPJOB_UID = "DDPJOB_UID"
 DDPJOB_RESTART_ATTEMPT = "DDPJOB_RESTART_ATTEMPT"
 DDPJOB_DEVICE = "DDPJOB_DEVICE"
 DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS = "DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS"
@@ -122,6 +130,179 @@ def read_progress_reports(directory: str, now: Optional[float] = None) -> dict[s
     return reports
 
 
+# ---------------------------------------------------------------------------------------------
+# In-place gang restart (docs/contract.md, "In-place restart")
+# ---------------------------------------------------------------------------------------------
+#: failurePolicy.restartMode. Only ``InPlace`` (with a progress port > 0 and a token) makes the
+#: pod entry point wait for a restart order after a retryable failure of its workers.
+DDPJOB_RESTART_MODE = "DDPJOB_RESTART_MODE"
+#: The credential a restart order carries (``Authorization: Bearer <token>``), random per pod.
+DDPJOB_RESTART_TOKEN = "DDPJOB_RESTART_TOKEN"
+#: How long a pod whose workers failed (retryably) waits for an order before it exits.
+DDPJOB_RESTART_WAIT_SECONDS = "DDPJOB_RESTART_WAIT_SECONDS"
+#: How long the workers of a pod ordered to restart get to save before they are killed.
+DDPJOB_RESTART_GRACE_SECONDS = "DDPJOB_RESTART_GRACE_SECONDS"
+#: failurePolicy.permanentExitCodes, comma-separated: the pod exits at once on these.
+DDPJOB_PERMANENT_EXIT_CODES = "DDPJOB_PERMANENT_EXIT_CODES"
+#: Not set by the operator (every pod serves on the same port): node 0's progress port, where
+#: the other nodes ask which attempt it runs, when several nodes share one machine (tests).
+DDPJOB_MASTER_PROGRESS_PORT = "DDPJOB_MASTER_PROGRESS_PORT"
+
+RESTART_MODE_IN_PLACE = "InPlace"
+RESTART_MODE_RECREATE = "Recreate"
+RESTART_MODES = (RESTART_MODE_IN_PLACE, RESTART_MODE_RECREATE)  # the default first
+DEFAULT_RESTART_WAIT_SECONDS = 60
+DEFAULT_RESTART_GRACE_SECONDS = 30
+
+#: On the progress port: GET (200 while running, else 503, the /attempt body either way).
+READY_PATH = "/ready"
+#: On the progress port: GET, the entry point's state (``EntryState``), unauthenticated.
+ATTEMPT_PATH = "/attempt"
+#: On the progress port: POST ``{"attempt": M}`` with the token: restart the workers as M.
+RESTART_PATH = "/restart"
+ENTRY_RUNNING = "running"
+ENTRY_FAILED = "failed"
+ENTRY_STOPPING = "stopping"
+ENTRY_STATES = (ENTRY_RUNNING, ENTRY_FAILED, ENTRY_STOPPING)
+#: Bounds of the protocol: the message of /attempt, a /restart body, a whole /attempt answer.
+MAX_ENTRY_MESSAGE_CHARS = 1024
+MAX_RESTART_BODY_BYTES = 1024
+MAX_ENTRY_ANSWER_BYTES = 4096
+#: Attempts and ages beyond these are nonsense, not numbers to compute with.
+MAX_ATTEMPT = 2**31 - 1
+MAX_SECONDS_SINCE_FAILURE = 10.0**9
+
+#: On the progress port: GET with the token: the Python stacks of the pod's live workers
+#: (``{"ranks": {"<global rank>": "<faulthandler dump>"}}``), asked by the operator before it
+#: restarts a stalled gang. 401 without the token, 503 when no worker runs.
+STACKS_PATH = "/stacks"
+#: Set by the pod entry point for its workers (never by the operator): the folder where each
+#: worker's sitecustomize registers ``faulthandler`` on SIGUSR1 to a file of its own.
+DDPJOB_STACKS_DIR = "DDPJOB_STACKS_DIR"
+#: Bounds of /stacks: lines and characters of one rank's dump, ranks and bytes of an answer.
+MAX_STACK_LINES = 60
+MAX_STACK_CHARS = 4096
+MAX_STACK_RANKS = 64
+MAX_STACKS_ANSWER_BYTES = 16384
+_STACK_KEY = re.compile(r"\d{1,7}(/pid\d{1,9})?")
+
+
+@dataclass(frozen=True)
+class EntryState:
+    """What a pod entry point says about itself at ``GET /attempt`` (or ``/ready``)."""
+
+    attempt: int
+    state: str
+    """One of ``ENTRY_STATES``."""
+    exit_code: Optional[int] = None
+    """The failed attempt's exit code (the node's, as its termination message says)."""
+    message: str = ""
+    seconds_since_failure: Optional[float] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "state": self.state, "exitCode": self.exit_code,
+                "message": self.message[:MAX_ENTRY_MESSAGE_CHARS],
+                "secondsSinceFailure": self.seconds_since_failure}
+
+
+def _plain_int(value: Any, low: int, high: int) -> Optional[int]:
+    """``value`` if it is an int (not a bool) within low..high, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return None
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def parse_entry_state(body: bytes) -> Optional[EntryState]:
+    """The pod's answer at /attempt, or None for anything malformed. Never raises.
+
+    The body comes from a pod, untrusted: it is bounded (``MAX_ENTRY_ANSWER_BYTES``), must be a
+    JSON object of the protocol's types (a bool is not an int, NaN and Infinity are refused,
+    numbers are bounded), a ``failed`` state must carry its exit code, and the message is cut
+    to ``MAX_ENTRY_MESSAGE_CHARS``."""
+    if not isinstance(body, (bytes, bytearray)) or len(body) > MAX_ENTRY_ANSWER_BYTES:
+        return None
+    try:
+        data = json.loads(bytes(body).decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    attempt = _plain_int(data.get("attempt"), 0, MAX_ATTEMPT)
+    state = data.get("state")
+    if attempt is None or not isinstance(state, str) or state not in ENTRY_STATES:
+        return None
+    raw_code = data.get("exitCode")
+    exit_code = None if raw_code is None else _plain_int(raw_code, 0, 255)
+    if (raw_code is not None and exit_code is None) or (state == ENTRY_FAILED and exit_code is None):
+        return None
+    message = data.get("message", "")
+    if message is None:
+        message = ""
+    if not isinstance(message, str):
+        return None
+    seconds = data.get("secondsSinceFailure")
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            return None
+        try:
+            seconds = float(seconds)
+        except OverflowError:
+            return None
+        if not (math.isfinite(seconds) and 0.0 <= seconds <= MAX_SECONDS_SINCE_FAILURE):
+            return None
+    return EntryState(attempt=attempt, state=state, exit_code=exit_code,
+                      message=message[:MAX_ENTRY_MESSAGE_CHARS], seconds_since_failure=seconds)
+
+
+def parse_stacks(body: bytes) -> Optional[dict[str, str]]:
+    """The pod's answer at /stacks: ``{rank key: dump}``, or None for anything malformed.
+    Never raises. Untrusted like /attempt's: bounded in bytes and ranks, keys of the protocol's
+    form (``"3"``, or ``"3/pid42"`` where several processes of a pod said they were rank 3),
+    each dump a string cut to ``MAX_STACK_LINES`` lines of ``MAX_STACK_CHARS`` in all."""
+    if not isinstance(body, (bytes, bytearray)) or len(body) > MAX_STACKS_ANSWER_BYTES:
+        return None
+    try:
+        data = json.loads(bytes(body).decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    ranks = data.get("ranks") if isinstance(data, dict) else None
+    if not isinstance(ranks, dict) or len(ranks) > MAX_STACK_RANKS:
+        return None
+    stacks: dict[str, str] = {}
+    for key, text in ranks.items():
+        if not (isinstance(key, str) and _STACK_KEY.fullmatch(key) and isinstance(text, str)):
+            return None
+        stacks[key] = bound_stack(text)
+    return stacks
+
+
+def bound_stack(text: str) -> str:
+    """A dump cut to its first ``MAX_STACK_LINES`` lines (faulthandler writes the innermost
+    frame first) and ``MAX_STACK_CHARS`` characters, control characters but newlines dropped."""
+    lines = text.splitlines()[:MAX_STACK_LINES]
+    kept = "\n".join("".join(c for c in line if c.isprintable()) for line in lines)
+    return kept[:MAX_STACK_CHARS]
+
+
+def parse_permanent_exit_codes(text: Optional[str]) -> tuple[int, ...]:
+    """``DDPJOB_PERMANENT_EXIT_CODES`` ("2,3,4"): the codes; the defaults when unset or not a
+    clean list of codes 1..255 (a pod must not wait on a code the job calls permanent, so a
+    garbled list falls back to the defaults rather than to none)."""
+    if not text or not text.strip():
+        return DEFAULT_PERMANENT_EXIT_CODES
+    codes = []
+    for part in text.split(","):
+        part = part.strip()
+        if not (part.isascii() and part.isdigit()) or len(part) > 3 or not 1 <= int(part) <= 255:
+            return DEFAULT_PERMANENT_EXIT_CODES
+        codes.append(int(part))
+    return tuple(dict.fromkeys(codes))
+
+
 # spec.launcher: who starts the pod's nprocPerNode training processes (docs/launch-styles.md).
 #: The pod entry point starts nprocPerNode copies of the script with torchrun (the default).
 LAUNCHER_TORCHRUN = "torchrun"
@@ -140,7 +321,7 @@ RESERVED_ENV_NAMES = frozenset(
         PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT,
         PET_MAX_RESTARTS, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK,
         LOCAL_WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE, DDPJOB_NAME, DDPJOB_NAMESPACE,
-        DDPJOB_RESTART_ATTEMPT, DDPJOB_DEVICE, DDPJOB_CONTRACT_VERSION, DDPJOB_LAUNCHER,
+        DDPJOB_UID, DDPJOB_RESTART_ATTEMPT, DDPJOB_DEVICE, DDPJOB_CONTRACT_VERSION, DDPJOB_LAUNCHER,
         DDPJOB_LOCAL_RANK_FLAG, DDPJOB_PROGRESS_DIR, DDPJOB_PROGRESS_PORT,
     }
 )
@@ -163,6 +344,11 @@ def node_environment(
     local_rank_flag: str | None = None,
     progress_dir: str = DEFAULT_PROGRESS_DIR,
     progress_port: int = DEFAULT_PROGRESS_PORT,
+    job_uid: str = "",
+    restart_mode: str | None = None,
+    restart_token: str | None = None,
+    restart_wait_seconds: int = DEFAULT_RESTART_WAIT_SECONDS,
+    permanent_exit_codes: Sequence[int] = (),
 ) -> dict[str, str]:
     """The environment of one node (one pod), in a stable order.
 
@@ -189,6 +375,7 @@ def node_environment(
         NPROC_PER_NODE: str(nproc_per_node),
         DDPJOB_NAME: job_name,
         DDPJOB_NAMESPACE: namespace,
+        DDPJOB_UID: job_uid,
         DDPJOB_RESTART_ATTEMPT: str(restart_attempt),
         DDPJOB_DEVICE: device,
         DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS: str(rendezvous_timeout_seconds),
@@ -199,6 +386,12 @@ def node_environment(
     }
     if local_rank_flag:
         env[DDPJOB_LOCAL_RANK_FLAG] = local_rank_flag
+    if restart_mode:
+        env[DDPJOB_RESTART_MODE] = restart_mode
+        env[DDPJOB_PERMANENT_EXIT_CODES] = ",".join(str(c) for c in permanent_exit_codes)
+        env[DDPJOB_RESTART_WAIT_SECONDS] = str(restart_wait_seconds)
+        if restart_token:
+            env[DDPJOB_RESTART_TOKEN] = restart_token
     return env
 
 
@@ -261,6 +454,46 @@ EXIT_CODE_MEANINGS: Mapping[int, str] = {
 def is_permanent_exit(code: int, permanent_codes: tuple[int, ...] | frozenset[int]) -> bool:
     """Whether a container's exit code means a restart cannot help."""
     return code != 0 and code in permanent_codes
+
+
+# ---------------------------------------------------------------------------------------------
+# Which failure is the root cause
+# ---------------------------------------------------------------------------------------------
+#: Exit codes a process gets *because* another one failed, the most telling first: 143 (torchrun
+#: stops the survivors with SIGTERM; or a preemption), 12 (a peer never joined the rendezvous),
+#: 13 (a peer was lost mid-training: it died first).
+CONSEQUENCE_EXIT_CODES: tuple[int, ...] = (
+    int(ExitCode.PREEMPTED),
+    int(ExitCode.RENDEZVOUS_TIMEOUT),
+    int(ExitCode.PEER_LOST),
+)
+
+
+def failure_rank(exit_code: Optional[int], *, when: Optional[float] = None, order: int = 0,
+                 permanent_codes: tuple[int, ...] | frozenset[int] = DEFAULT_PERMANENT_EXIT_CODES,
+                 ) -> tuple[int, int, float, int]:
+    """The sort key that puts the root cause of several failures first (the smallest key).
+
+    One ranking for the three places that pick one failure among several: the operator's root
+    cause (``api.failure_policy``, nodes), the pod's exit code (``ddptrain-pod``, its worker
+    processes) and the init guard's verdicts. In order:
+
+    1. a permanent code (``permanent_codes``): a restart cannot help, and one process saying so
+       decides;
+    2. a cause of its own: any other failure (1, 137, a signal, or no exit code at all: a pod
+       evicted or deleted);
+    3. a consequence of another failure, in ``CONSEQUENCE_EXIT_CODES``' order (143, 12, 13);
+
+    then the earliest (``when``, in seconds; unknown sorts last), then the lowest ``order`` (a
+    node or global rank).
+    """
+    if exit_code is not None and is_permanent_exit(exit_code, permanent_codes):
+        klass, sub = 0, 0
+    elif exit_code in CONSEQUENCE_EXIT_CODES:
+        klass, sub = 2, CONSEQUENCE_EXIT_CODES.index(exit_code)
+    else:
+        klass, sub = 1, 0
+    return klass, sub, float("inf") if when is None else float(when), order
 
 
 def describe_exit_code(code: int) -> str:

@@ -52,6 +52,8 @@ else
   fi
   config="$DDPJOB_CACHE/kind/$CLUSTER-config.yaml"
   {
+    # Unquoted heredocs below: $VAR and $(...) expand on purpose, so a comment inside them must
+    # not hold backticks (they would run as commands at every kind-up).
     cat <<YAML
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
@@ -61,7 +63,7 @@ networking:
   disableDefaultCNI: $([[ $OFFLINE == 1 ]] && echo true || echo false)
 kubeadmConfigPatches:
   # cgroup v1 hosts: kubelet >= 1.35 refuses them unless told otherwise. Logs: the kubelet
-  # rotates a container's log at 10 MiB by default and `kubectl logs` shows only the current
+  # rotates a container's log at 10 MiB by default and "kubectl logs" shows only the current
   # file; 64 MiB keeps a test job's whole log readable.
   - |
     kind: KubeletConfiguration

@@ -22,9 +22,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import secrets
 import textwrap
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -32,6 +34,7 @@ from typing import Any, Callable, Iterable, Optional
 import pytest
 
 from ddpjob.api import names
+from tests.testbed.operator_runner import operator_environment, render_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
@@ -96,6 +99,36 @@ def trainer_events(log: str, event: str) -> list[dict[str, str]]:
             fields[key] = value
         found.append(fields)
     return found
+
+
+# -- other users (a tenant, a job's owner) ----------------------------------------------------
+def user_name(role: str) -> str:
+    return f"{role}-{secrets.token_hex(3)}@example.com"
+
+
+def as_user(kubectl, user: str, *args: str, input: Optional[str] = None):
+    """kubectl as that user (the admin impersonates it: the API server authorizes and admits
+    the request as the user's own)."""
+    return kubectl(f"--as={user}", *args, input=input, check=False)
+
+
+def grant(kubectl, ns: str, user: str, name: str, rules: list[dict]) -> None:
+    """A Role with these rules in ns, bound to user."""
+    kubectl.apply_yaml([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": ns}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]},
+    ])
+
+
+def wait_until_allowed(cluster, user: str, verb: str, resource: str, ns: str) -> None:
+    """RBAC bindings reach the API server's authorizer a moment after they are written."""
+    cluster.wait_for(lambda: as_user(cluster.kubectl, user, "auth", "can-i", verb, resource,
+                                     "-n", ns).stdout.strip() == "yes",
+                     30, f"{user} allowed to {verb} {resource} in {ns}", interval=0.5)
 
 
 # -- the scenario's view of one namespace -------------------------------------------------
@@ -226,6 +259,25 @@ class E2E:
         return self.cluster.wait_for(
             lambda: [e for e in self.events(name) if e["reason"] == reason], timeout,
             f"an Event {reason} on {name}")
+
+
+def scrape(e2e: "E2E") -> dict[str, float]:
+    """The operator's /metrics, as {series with labels: value}. On the test bed the operator is a
+    host process on the Deployment's port; on kind, through the API server's proxy to the
+    metrics Service in manifests/operator.yaml (what a Prometheus in the cluster scrapes)."""
+    if e2e.local:
+        port = operator_environment(render_manifests())["DDPJOB_OPERATOR_METRICS_PORT"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    else:
+        text = e2e.core.connect_get_namespaced_service_proxy_with_path(
+            "ddpjob-operator-metrics:metrics", "ddpjob-system", "metrics")
+    samples = {}
+    for line in text.splitlines():
+        match = re.match(r"^(ddpjob_[^ ]+) ([0-9.eE+-]+)$", line)
+        if match:
+            samples[match.group(1)] = float(match.group(2))
+    return samples
 
 
 def table_rows(output: str) -> tuple[list[str], list[dict[str, str]]]:

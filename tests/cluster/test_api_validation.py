@@ -10,7 +10,7 @@ sends it (strict field validation):
   on the same manifest exits 2 naming the same path (``path``; the two differ for one case,
   recorded in the table);
 * each valid one is accepted, the API server's defaults are exactly those of
-  ``schema.defaulted_manifest``, and ``ddpjob validate`` exits 0;
+  ``validation.defaulted_manifest``, and ``ddpjob validate`` exits 0;
 * ``kubectl get ddpjobs`` shows the printer columns.
 
 The cases are sent as server-side dry runs (``dryRun=All``): decoding, defaulting, schema and
@@ -35,7 +35,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpjob.api import schema
+from ddpjob.api import openapi
+from ddpjob.api import validation
 from tests.support.manifests import (NOT_SENDABLE, REJECTS, REJECTS_WHEN_STRICT, bad_manifest_table,
                                    good_manifest_table, several_problems_case, update_table)
 
@@ -48,7 +49,7 @@ GROUP, VERSION, PLURAL = "ddpjob.dev", "v1alpha1", "ddpjobs"
 # `ddpjob validate` can judge them (the unit tests do).
 BAD = [case for case in bad_manifest_table() if case.server != NOT_SENDABLE]
 GOOD = good_manifest_table()
-RULE_MESSAGES = {rule.message for rule in schema.all_rules() if not rule.transition}
+RULE_MESSAGES = {rule.message for rule in openapi.all_rules() if not rule.transition}
 
 
 def _sendable(manifest: dict, name: str) -> dict:
@@ -174,7 +175,7 @@ def test_the_cases_cover_the_scenario():
     assert {case.server for case in BAD} == {REJECTS, REJECTS_WHEN_STRICT}
     # Every CEL rule of the CRD is shown refusing something, besides the schema's checks.
     assert RULE_MESSAGES <= {problem.message for case in BAD
-                             for problem in schema.validate_ddpjob(case.manifest)}
+                             for problem in validation.validate_ddpjob(case.manifest)}
 
 
 @pytest.mark.parametrize("case", BAD, ids=[case.id for case in BAD])
@@ -187,7 +188,7 @@ def test_invalid_ddpjob_is_refused_by_the_api_server_and_by_ddpjob_validate(case
     assert case.api_path in named_fields(status), \
         f"the API server's refusal does not name {case.api_path}: {status.get('message')}"
 
-    [problem] = schema.validate_ddpjob(manifest)
+    [problem] = validation.validate_ddpjob(manifest)
     if problem.message in RULE_MESSAGES:  # a CEL rule: the server says the rule's message
         assert problem.message in status["message"], status["message"]
     if case.server == REJECTS_WHEN_STRICT:  # without strict field validation it is pruned
@@ -205,7 +206,7 @@ def test_valid_ddpjob_is_accepted_by_both_with_the_same_defaults(name, send, cli
     manifest = GOOD_MANIFESTS[name]
     accepted, created = send(manifest)
     assert accepted, created.get("message")
-    expected, problems = schema.defaulted_manifest(manifest)
+    expected, problems = validation.defaulted_manifest(manifest)
     assert problems == []
     # The API server's defaulting (nested objects, lists, int-or-string kept as given) is
     # exactly the one `ddpjob validate`, `render` and the operator apply.
@@ -259,16 +260,16 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
                                                       "epoch": 2, "loss": 0.5, "throughput": 80.5}}}))
 
     header = kubectl("get", "ddpjobs", "-n", namespace).stdout.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "QUEUE", "AGE"]
+    assert header == ["NAME", "PHASE", "READY", "RESTARTS", "DISRUPTIONS", "PROGRESS", "ETA", "QUEUE", "AGE"]
     wide = kubectl("get", "ddpj", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "EPOCH", "LOSS",
-                               "THROUGHPUT", "REASON", "QUEUE", "AGE"]
+    assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "DISRUPTIONS", "PROGRESS", "ETA", "EPOCH", "LOSS",
+                               "THROUGHPUT", "GOODPUT", "REASON", "QUEUE", "AGE"]
     assert wide[1].split()[0] == "columns"
 
     table = _table(cluster.api_client, namespace)
     columns = [c["name"] for c in table["columnDefinitions"]]
-    assert columns == ["Name", "Phase", "Ready", "Restarts", "Progress", "ETA", "Epoch", "Loss", "Throughput",
-                       "Reason", "Queue", "Age"]
+    assert columns == ["Name", "Phase", "Ready", "Restarts", "Disruptions", "Progress", "ETA", "Epoch", "Loss", "Throughput",
+                       "Goodput", "Reason", "Queue", "Age"]
     [row] = table["rows"]
     cells = dict(zip(columns, row["cells"]))
     status = row["object"].get("status", {})
@@ -358,7 +359,7 @@ def test_an_edit_is_judged_alike_by_the_api_server_and_ddpjob_validate(case, cus
         accepted, status = True, {}
     except ApiException as error:
         accepted, status = False, json.loads(error.body)
-    problems = schema.validate_ddpjob(case.new, old)
+    problems = validation.validate_ddpjob(case.new, old)
     if case.path is None:
         assert accepted, status.get("message")
         assert problems == []

@@ -14,7 +14,8 @@ import pytest
 from tests.testbed.target import local_testbed_only
 
 OPERATOR_BENCHMARKS = ["operator_start_latency", "operator_gang_size", "operator_many_jobs",
-                       "operator_api_cost", "operator_progress_cost", "operator_recovery"]
+                       "operator_api_cost", "operator_progress_cost", "operator_recovery",
+                       "operator_failover"]
 
 # The benchmarks need the local test bed itself: the audit log, process ids, pod processes.
 pytestmark = [pytest.mark.cluster, local_testbed_only]

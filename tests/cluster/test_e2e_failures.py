@@ -30,7 +30,7 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_checkpoint(e2e, sh
         volumeMounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
         template={"spec": {"volumes": [hostpath_volume("checkpoints", shared_host_dir)],
                            "terminationGracePeriodSeconds": 5}},
-        failurePolicy={"maxRestarts": 2})
+        failurePolicy={"maxRestarts": 2, "restartMode": "Recreate"})  # in place: test_e2e_inplace.py
     with PodRecorder(e2e, name) as pods:
         e2e.create(manifest)
         e2e.wait_for_phase(name, "Running", TRAINING_TIMEOUT)
@@ -45,6 +45,7 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_checkpoint(e2e, sh
 
     assert status["phase"] == "Succeeded", (status, seen)
     assert (status["restarts"], status["restartAttempt"]) == (1, 1), status
+    assert status["failureHistory"][0]["restartMode"] == "Recreate", status
     assert {p["metadata"]["labels"][names.LABEL_RESTART_ATTEMPT]
             for p in e2e.pods(name)} == {"1"}, seen
     assert pods.attempts() == {0, 1}, seen

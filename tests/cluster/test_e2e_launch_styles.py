@@ -1,4 +1,4 @@
-"""End-to-end: the three launch styles of scripts people already have (docs/launch-styles.md),
+"""End-to-end: the four launch styles of scripts people already have (docs/launch-styles.md),
 each example applied unchanged with kubectl, its script shipped in a ConfigMap."""
 from __future__ import annotations
 
@@ -66,8 +66,35 @@ def test_style3_env_script_refused_as_a_command_and_coherent_through_the_pod_ent
     assert e2e.job("env-script") is None
 
     kubectl("apply", "-n", e2e.namespace, "-f", str(EXAMPLES / "ddpjob-env-script.yaml"))
-    status = e2e.wait_until_finished("env-script", TRAINING_TIMEOUT)
+    succeeds_with_four_ranks(e2e, "env-script")
+
+
+def succeeds_with_four_ranks(e2e, name: str) -> None:
+    """The job Succeeds without a restart, and its 2 pods x 2 processes are ranks 0..3 of one world."""
+    status = e2e.wait_until_finished(name, TRAINING_TIMEOUT)
     assert (status["phase"], status["restarts"]) == ("Succeeded", 0), status
     for node, ranks in ((0, (0, 1)), (1, (2, 3))):
-        log = e2e.wait_for_logs(f"env-script-node-{node}", f"rank {ranks[1]}/4 ok")
+        log = e2e.wait_for_logs(f"{name}-node-{node}", f"rank {ranks[1]}/4 ok")
         assert f"rank {ranks[0]}/4 ok" in log, log
+
+
+def test_torchrun_command_with_two_processes_per_pod_gives_a_coherent_world(e2e, kubectl):
+    """A PyTorchJob user's `command: [torchrun, SCRIPT]` with nprocPerNode 2, applied with kubectl:
+    accepted (torchrun starts the processes), and torchrun's rendezvous comes from the pod's
+    PET_* variables: 2 pods x 2 processes, ranks 0..3 of one world."""
+    documents = example_documents("ddpjob-env-script.yaml")
+    documents[-1]["metadata"]["name"] = "torchrun-command"
+    documents[-1]["spec"].update(command=["torchrun", "/workspace/env_mnist_style.py"], args=["--epochs", "1"])
+    kubectl("apply", "-n", e2e.namespace, "-f", "-", input=yaml.safe_dump_all(documents))
+    succeeds_with_four_ranks(e2e, "torchrun-command")
+
+
+def test_style4_imagenet_script_runs_unmodified(e2e, kubectl):
+    """pytorch/examples' imagenet skeleton: --dist-url tcp://$(MASTER_ADDR):$(MASTER_PORT),
+    --world-size $(NNODES), --rank $(PET_NODE_RANK), mp.spawn inside, launcher: spawn."""
+    kubectl("apply", "-n", e2e.namespace, "-f", str(EXAMPLES / "ddpjob-imagenet-style.yaml"))
+    status = e2e.wait_until_finished("imagenet-style", TRAINING_TIMEOUT)
+    assert (status["phase"], status["restarts"]) == ("Succeeded", 0), status
+    for node in range(2):
+        log = e2e.wait_for_logs(f"imagenet-style-node-{node}", f"rank {node}/2 ok")
+        assert f"rank {node}/2 ok: 64 samples here" in log, log

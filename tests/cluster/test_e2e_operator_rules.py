@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ddpjob import contract
-from ddpjob.api import names, schema
+from ddpjob.api import names, validation
 from ddpjob.controller import builders
 
 from .e2e_support import PodRecorder, ddpjob_manifest, e2e, python_command  # noqa: F401 - e2e is a fixture
@@ -67,7 +67,7 @@ def test_a_pod_the_job_does_not_own_is_never_deleted(e2e):
     name = "not-mine"
     manifest = ddpjob_manifest(name, e2e.image, command=python_command("print('done')"),
                                cleanPodPolicy="All", template=FAST_EXIT)
-    job = schema.parse_ddpjob({**manifest, "metadata": {"name": name, "namespace": e2e.namespace}})
+    job = validation.parse_ddpjob({**manifest, "metadata": {"name": name, "namespace": e2e.namespace}})
     lookalike = builders.build_pods(job, 0, [1])[0]
     lookalike["metadata"]["name"] = "my-own-pod"
     lookalike["metadata"].pop("ownerReferences", None)

@@ -4,41 +4,21 @@ from __future__ import annotations
 
 import re
 import textwrap
-import urllib.request
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.progress_jobs import HANGING_SCRIPT
 from tests.testbed import kind as kind_target
-from tests.testbed.operator_runner import operator_environment, render_manifests
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
-    ONE_THREAD_ENV, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, hostpath_volume, prepare_shared_dir,
-    table_rows,
+    E2E, FINISHED, ONE_THREAD_ENV, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, hostpath_volume,
+    prepare_shared_dir, python_command, scrape, table_rows,
 )
 
 pytestmark = pytest.mark.cluster
 TIMEOUT = 300
-
-
-def scrape(e2e) -> dict[str, float]:
-    """The operator's /metrics, as {series with labels: value}. On the test bed the operator is a
-    host process on the Deployment's port; on kind, through the API server's proxy to the
-    metrics Service in manifests/operator.yaml (what a Prometheus in the cluster scrapes)."""
-    if e2e.local:
-        port = operator_environment(render_manifests())["DDPJOB_OPERATOR_METRICS_PORT"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-    else:
-        text = e2e.core.connect_get_namespaced_service_proxy_with_path(
-            "ddpjob-operator-metrics:metrics", "ddpjob-system", "metrics")
-    samples = {}
-    for line in text.splitlines():
-        match = re.match(r"^(ddpjob_[^ ]+) ([0-9.eE+-]+)$", line)
-        if match:
-            samples[match.group(1)] = float(match.group(2))
-    return samples
 
 
 def kubectl_row(e2e, name: str, *flags: str) -> dict[str, str]:
@@ -108,6 +88,89 @@ def test_a_rank_blocked_in_a_collective_is_stalled_and_the_gang_completes_from_i
     assert "no rank reported progress for" in stalled[0]["message"], stalled
     restarting = e2e.wait_for_event(name, "Restarting")
     assert "was stalled" in restarting[0]["message"], restarting
+    # read from the pods before the restart: where rank 1 was stuck (issue 23, item 3)
+    stacks = e2e.wait_for_event(name, "StalledStacks")
+    assert stacks[0]["type"] == "Warning", stacks
+    assert re.search(r"rank 1( \(suspect\))? on stall-node-1: stuck_in_collective \(hang\.py:\d+\)",
+                     stacks[0]["message"]), stacks
     log = e2e.wait_for_logs(f"{name}-node-0", "finished at step 10")
     assert "rank 0 attempt 1 resumes at step 4" in log, log
     assert scrape(e2e)['ddpjob_gang_restarts_total{reason="Stalled"}'] == before + 1
+
+
+# A pod that answers the progress poll one byte every half second, for ever: a per-read timeout
+# never fires, the GET never ends (issue 21, item 1).
+TRICKLING_POD = python_command("""
+    import os, socket, threading, time
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", int(os.environ["DDPJOB_PROGRESS_PORT"])))
+    server.listen(64)
+    def trickle(connection):
+        try:
+            connection.recv(4096)
+            for byte in b"HTTP/1.0 200 OK\\r\\n\\r\\n" + b" " * 100000:
+                connection.sendall(bytes([byte]))
+                time.sleep(0.5)
+        except OSError:
+            pass
+        finally:
+            connection.close()
+    print("trickling", flush=True)
+    while True:
+        connection, _ = server.accept()
+        threading.Thread(target=trickle, args=(connection,), daemon=True).start()
+""")
+
+# A pod that serves honest progress (one step a second) for 40 s, then exits 0.
+HONEST_POD = python_command("""
+    import json, os, threading, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    started = time.time()
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):
+            report = {"step": int(time.time() - started), "total_steps": 40, "age_seconds": 0}
+            body = json.dumps({"ranks": {"0": report}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(("0.0.0.0", int(os.environ["DDPJOB_PROGRESS_PORT"])), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    time.sleep(40)
+    print("done", flush=True)
+""")
+
+
+def test_a_tenant_whose_pods_trickle_never_stops_another_tenants_job_from_being_polled(e2e):
+    """As a hostile tenant: a 17-pod job whose pods trickle their answers (more pods than the
+    operator once had poll threads), then a healthy job in another namespace that must be
+    polled to survive (its first-report bound is 20 s). It is polled, shows its progress and
+    finishes; the trickling job is polled too, and shows nothing."""
+    other = E2E(e2e.cluster, f"{e2e.namespace[:50]}-b", e2e.image)
+    e2e.cluster.kubectl("create", "namespace", other.namespace)
+    try:
+        e2e.cluster.wait_for(
+            lambda: e2e.cluster.kubectl("get", "serviceaccount", "default", "-n", other.namespace,
+                                        check=False).returncode == 0,
+            30, f"ServiceAccount default in namespace {other.namespace}")
+        e2e.create(ddpjob_manifest("trickle", e2e.image, nnodes=17, command=TRICKLING_POD, launcher="none"))
+        e2e.wait_for_phase("trickle", "Running", TIMEOUT)
+        e2e.wait_for_logs("trickle-node-16", "trickling")
+        time.sleep(3)  # the trickling job's first poll is under way
+        other.create(ddpjob_manifest(
+            "honest", e2e.image, nnodes=1, command=HONEST_POD, launcher="none",
+            failurePolicy={"maxRestarts": 0, "firstProgressTimeoutSeconds": 20, "progressTimeoutSeconds": 20}))
+        reporting = other.wait_for_status(
+            "honest", lambda s: (s.get("progress") or {}).get("ranksReporting") == 1 or s.get("phase") in FINISHED,
+            TIMEOUT, what="the honest job's progress")
+        assert reporting.get("phase") not in FINISHED, reporting
+        status = other.wait_until_finished("honest", TIMEOUT)
+        assert status["phase"] == "Succeeded", status
+        assert status["progress"]["step"] > 0, status
+        trickling = e2e.status("trickle")
+        assert trickling["phase"] == "Running" and not (trickling.get("progress") or {}).get("ranksReporting"), trickling
+    finally:
+        e2e.cluster.kubectl("delete", "namespace", other.namespace, "--wait=false", "--ignore-not-found")

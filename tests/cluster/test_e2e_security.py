@@ -1,10 +1,14 @@
 """End-to-end: Pod Security admission, and what the status republishes from the pods."""
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
-    ddpjob_manifest, e2e, enforce_restricted, python_command, terminated_state,
+    ATTEMPT_LABEL, as_user, ddpjob_manifest, e2e, enforce_restricted, grant, python_command,
+    terminated_state, user_name, wait_until_allowed,
 )
 
 pytestmark = pytest.mark.cluster
@@ -68,3 +72,52 @@ def test_status_republishes_no_more_than_the_pods_status(e2e):
     assert shown and all(line in pod_message for line in shown), (failed, pod_message)
     for node in status.get("nodes", []):
         assert len(node.get("message", "")) <= 256, node
+
+
+SLEEP_FOREVER = python_command("import time; time.sleep(600)")
+
+
+def test_a_pod_creator_cannot_take_over_someone_elses_gang(e2e):
+    """Issue 21, item 11: a tenant who may only create pods makes one "of" another user's
+    running job (its controller ownerReference, uid and all, and the labels of rank 0 of the
+    next attempt). Admitted, the operator would adopt that attempt and delete the real gang;
+    manifests/ownership-policy.yaml refuses the pod, and the gang runs on untouched."""
+    name = "victim"
+    e2e.create(ddpjob_manifest(name, e2e.image, command=SLEEP_FOREVER,
+                               template={"spec": {"terminationGracePeriodSeconds": 1}}))
+    running = e2e.wait_for_phase(name, "Running", 120)
+    gang = {p["metadata"]["uid"] for p in e2e.pods(name)}
+    real = e2e.pods(name)[0]["metadata"]
+    kubectl = e2e.cluster.kubectl
+    tenant = user_name("pod-creator")
+    grant(kubectl, e2e.namespace, tenant, "pod-creator",
+          [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}])
+    wait_until_allowed(e2e.cluster, tenant, "create", "pods", e2e.namespace)
+
+    [owner] = real["ownerReferences"]
+    forged = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "forged",
+        "labels": {**real["labels"], ATTEMPT_LABEL: str(running["restartAttempt"] + 1)},
+        # blockOwnerDeletion would need update on ddpjobs/finalizers where the
+        # OwnerReferencesPermissionEnforcement plugin runs: a forger simply leaves it out.
+        "ownerReferences": [{**owner, "blockOwnerDeletion": False}]},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "trainer", "image": e2e.image, "command": SLEEP_FOREVER}]}}
+    attempt = as_user(kubectl, tenant, "create", "-n", e2e.namespace, "-f", "-",
+                      input=json.dumps(forged))
+
+    # The outcome first: for ten seconds (the operator reacts to a pod within one) the gang is
+    # the same pods, none being deleted, in the same attempt.
+    for _ in range(20):
+        pods = {p["metadata"]["uid"]: p for p in e2e.pods(name)}
+        status = e2e.status(name)
+        kept = gang <= set(pods) and not any(pods[uid]["metadata"].get("deletionTimestamp")
+                                             for uid in gang)
+        assert kept and status["restartAttempt"] == running["restartAttempt"], (
+            f"the gang was touched after a forged pod ({attempt.returncode}: {attempt.stderr}): "
+            f"{e2e.pod_summary(name)}, status {status}")
+        assert status["phase"] == "Running", status
+        time.sleep(0.5)
+    assert attempt.returncode != 0, attempt.stdout
+    assert "ValidatingAdmissionPolicy 'ddpjob-ownership'" in attempt.stderr, attempt.stderr
+    assert e2e.pod("forged") is None

@@ -34,7 +34,7 @@ def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
 
     table = kubectl("get", "ddpjobs", "-n", e2e.namespace).stdout
     columns, [row] = table_rows(table)
-    assert columns == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "QUEUE", "AGE"], table
+    assert columns == ["NAME", "PHASE", "READY", "RESTARTS", "DISRUPTIONS", "PROGRESS", "ETA", "QUEUE", "AGE"], table
     # PROGRESS and ETA may be empty (ETA always is once the job is over).
     assert (row["NAME"], row["PHASE"], row["RESTARTS"], row["ETA"]) == ("ddpjob-example", "Succeeded", "0", ""), table
     assert row["READY"].endswith("/2"), table

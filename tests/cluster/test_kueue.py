@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ from ddpjob.controller import kueue as kueue_api
 from tests.testbed.operator_runner import OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
-    EXAMPLES, ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
-    gate_command, hostpath_volume, open_gate, trainer_events,
+    EXAMPLES, ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, as_user, checkpoint_steps, ddpjob_manifest,
+    e2e, gate_command, grant, hostpath_volume, open_gate, trainer_events, user_name, wait_until_allowed,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.kueue]
@@ -263,6 +264,40 @@ def test_deleting_a_queued_job_removes_its_workload(e2e, queue, shared_host_dir)
     assert e2e.wait_until_finished("holder", TIMEOUT)["phase"] == "Succeeded"
 
 
+def test_the_queue_label_stays_on_a_waiting_and_on_an_admitted_job(e2e, queue, shared_host_dir):
+    """Issue 21, item 8: the job's owner takes the queue label off a waiting job (it would
+    start ahead of the queue at the operator's next look, which a spec edit brings) and off
+    an admitted one (its admitted Workload would be left holding the quota). Both are
+    refused (manifests/queue-label-policy.yaml), and the queue holds."""
+    queue.make(cpu="2")
+    e2e.create(gated_job(e2e, "holder", queue.name, shared_host_dir))
+    e2e.wait_for_phase("holder", "Running", TIMEOUT)
+    kubectl = e2e.cluster.kubectl
+    owner = user_name("job-owner")
+    grant(kubectl, e2e.namespace, owner, "job-owner", [{
+        "apiGroups": ["ddpjob.dev"], "resources": ["ddpjobs"], "verbs": ["get", "list", "patch"]}])
+    wait_until_allowed(e2e.cluster, owner, "patch", "ddpjobs", e2e.namespace)
+    with PodRecorder(e2e, "waiter") as waiter_pods:
+        e2e.create(gated_job(e2e, "waiter", queue.name, shared_host_dir))
+        e2e.wait_for_status("waiter", lambda s: s.get("phase") == "Queued" and "quota" in s.get("message", ""),
+                            TIMEOUT, "Queued for quota")
+        for job in ("waiter", "holder"):
+            removed = as_user(kubectl, owner, "patch", "ddpjob", job, "-n", e2e.namespace, "--type=merge",
+                              "-p", json.dumps({"metadata": {"labels": {kueue_api.QUEUE_LABEL: None}}}))
+            assert removed.returncode != 0, (job, removed.stdout)
+            assert "ValidatingAdmissionPolicy 'ddpjob-queue-label'" in removed.stderr, removed.stderr
+            assert f"this edit removes it ({queue.name})" in removed.stderr, removed.stderr
+        e2e.patch_spec("waiter", {"activeDeadlineSeconds": 3600})  # the operator looks again
+        for _ in range(10):
+            waiting = e2e.status("waiter")
+            assert waiting.get("phase") == "Queued" and not waiter_pods.snapshot(), (
+                waiting, waiter_pods.describe())
+            time.sleep(0.5)
+    holder = workload(e2e, "holder")
+    assert _condition(holder, "Admitted") and not _condition(holder, "Finished"), holder
+    assert e2e.status("holder")["phase"] == "Running"
+
+
 def test_the_admitted_flavor_places_the_gang_on_its_node_pool(e2e, queue, nodes):
     """A ResourceFlavor with nodeLabels and tolerations (a tainted node pool): the admitted
     gang's pods get both and run on that pool."""
@@ -374,3 +409,136 @@ def test_the_example_file_is_admitted_by_the_real_kueue(e2e, kueue, watched):
             if doc["kind"] in ("ResourceFlavor", "ClusterQueue", "WorkloadPriorityClass"):
                 e2e.cluster.kubectl("delete", f"{doc['kind'].lower()}.{GROUP}", doc["metadata"]["name"],
                                     "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_queued_job_edited_to_another_shape_is_admitted_in_its_new_shape(e2e, queue, shared_host_dir):
+    """Issue 21, item 7: nnodes of a waiting job edited from 1 to 2. Its Workload was built
+    for 1 pod; the operator builds a new one for 2 (the job queues again), and the pods
+    created are exactly what Kueue admitted: never 2 pods on an admission of 1."""
+    queue.make(cpu="2")
+    e2e.create(gated_job(e2e, "holder", queue.name, shared_host_dir))
+    e2e.wait_for_phase("holder", "Running", TIMEOUT)
+    with PodRecorder(e2e, "waiter") as waiter_pods:
+        e2e.create(queued_manifest(e2e, "waiter", queue.name, nnodes=1, command=["true"]))
+        e2e.wait_for_status("waiter", lambda s: s.get("phase") == "Queued" and "quota" in s.get("message", ""),
+                            TIMEOUT, "Queued for quota")
+        first = workload(e2e, "waiter")
+        assert first["spec"]["podSets"][0]["count"] == 1, first["spec"]
+        e2e.patch_spec("waiter", {"nnodes": 2})
+        e2e.cluster.wait_for(
+            lambda: (lambda wl: wl and wl["metadata"]["uid"] != first["metadata"]["uid"]
+                     and wl["spec"]["podSets"][0]["count"] == 2)(workload(e2e, "waiter")),
+            60, "a new Workload of 2 pods for the waiter")
+        assert not waiter_pods.snapshot()
+        open_gate(e2e, str(Path(shared_host_dir) / "holder"), "holder-node-0", "/gate")
+        assert e2e.wait_until_finished("holder", TIMEOUT)["phase"] == "Succeeded"
+        status = e2e.wait_until_finished("waiter", TIMEOUT)
+        admitted = workload(e2e, "waiter")
+        seen = waiter_pods.describe()
+    assert status["phase"] == "Succeeded", (status, seen)
+    assert admitted["spec"]["podSets"][0]["count"] == 2 and _condition(admitted, "Admitted"), admitted
+    assert waiter_pods.pods_per_rank(status["restartAttempt"]) == {0: 1, 1: 1}, seen
+    assert len(waiter_pods.snapshot()) == 2, seen
+
+
+def one_runs_one_waits(e2e, queue, host_dir: str, running: str, waiting: str) -> None:
+    """Quota for one 2-node gang: ``running`` admitted and Running, ``waiting`` Queued for quota."""
+    queue.make(cpu="2")
+    e2e.create(gated_job(e2e, running, queue.name, host_dir))
+    e2e.wait_for_phase(running, "Running", TIMEOUT)
+    e2e.create(gated_job(e2e, waiting, queue.name, host_dir))
+    e2e.wait_for_status(waiting, lambda s: s.get("phase") == "Queued" and "quota" in s.get("message", ""),
+                        TIMEOUT, "Queued for quota")
+
+
+def test_an_admitted_job_taken_out_of_its_queue_gives_its_quota_back(e2e, queue, shared_host_dir):
+    """Issue 21, item 8: the queue label removed from an admitted job (by an administrator,
+    with spec.suspend: true in the same edit, which is what ddpjob-queue-label allows): once
+    its gang has stopped the operator gives its Workload up, and the quota it held admits the
+    job waiting behind it."""
+    one_runs_one_waits(e2e, queue, shared_host_dir, "holder", "waiter")
+    holder_workload = workload(e2e, "holder")
+    assert _condition(holder_workload, "Admitted"), holder_workload
+    e2e.custom.patch_namespaced_custom_object(
+        "ddpjob.dev", "v1alpha1", e2e.namespace, "ddpjobs", "holder",
+        {"metadata": {"labels": {kueue_api.QUEUE_LABEL: None}}, "spec": {"suspend": True}})
+    e2e.wait_for_phase("holder", "Suspended", TIMEOUT)
+    e2e.cluster.wait_for(lambda: not workload(e2e, "holder"), 60, "the holder's Workload given up")
+    e2e.wait_for_phase("waiter", "Running", TIMEOUT)
+    assert _condition(workload(e2e, "waiter"), "Admitted"), workload(e2e, "waiter")
+
+
+def test_a_suspended_admitted_job_gives_its_quota_back_and_queues_again_when_resumed(
+        e2e, queue, shared_host_dir):
+    """Issue 21: spec.suspend on an admitted job (its label kept): once the gang has stopped
+    its Workload is given up, so the job waiting behind it is admitted; resumed, the suspended
+    job queues again with a new Workload and runs when the quota is free."""
+    one_runs_one_waits(e2e, queue, shared_host_dir, "pauser", "next")
+    first = workload(e2e, "pauser")
+    e2e.custom.patch_namespaced_custom_object(
+        "ddpjob.dev", "v1alpha1", e2e.namespace, "ddpjobs", "pauser", {"spec": {"suspend": True}})
+    e2e.wait_for_phase("pauser", "Suspended", TIMEOUT)
+    e2e.cluster.wait_for(lambda: not workload(e2e, "pauser"), 60, "the suspended job's Workload given up")
+    e2e.wait_for_phase("next", "Running", TIMEOUT)
+    e2e.custom.patch_namespaced_custom_object(
+        "ddpjob.dev", "v1alpha1", e2e.namespace, "ddpjobs", "pauser", {"spec": {"suspend": False}})
+    e2e.wait_for_status("pauser", lambda s: s.get("phase") == "Queued", TIMEOUT, "queued again")
+    again = e2e.cluster.wait_for(lambda: workload(e2e, "pauser"), 60, "a new Workload")
+    assert again["metadata"]["uid"] != first["metadata"]["uid"]
+    open_gate(e2e, str(Path(shared_host_dir) / "next"), "next-node-0", "/gate")
+    assert e2e.wait_until_finished("next", TIMEOUT)["phase"] == "Succeeded"
+    e2e.wait_for_phase("pauser", "Running", TIMEOUT)
+
+
+def test_with_the_setting_an_unlabelled_job_queues_in_the_default_local_queue(e2e, queue, operator):
+    """Issue 21, item 9: with DDPJOB_OPERATOR_MANAGE_JOBS_WITHOUT_QUEUE_NAME=true a DDPJob
+    without the queue label waits in the LocalQueue ``default`` of its namespace: a gang
+    larger than that queue's quota never gets a pod."""
+    queue.name = "default"  # the name Kueue's LocalQueueDefaulting uses
+    queue.make(cpu="1")
+    operator.extra_env["DDPJOB_OPERATOR_MANAGE_JOBS_WITHOUT_QUEUE_NAME"] = "true"
+    try:
+        operator.restart()
+        with PodRecorder(e2e, "unlabelled") as pods:
+            e2e.create(ddpjob_manifest("unlabelled", e2e.image, resources={"requests": {"cpu": "1"}},
+                                       command=["true"]))
+            status = e2e.wait_for_status(
+                "unlabelled", lambda s: s.get("phase") == "Queued" and "insufficient quota" in s.get("message", ""),
+                TIMEOUT, "Queued in the default LocalQueue")
+            wl = workload(e2e, "unlabelled")
+            time.sleep(2)
+            assert not pods.snapshot(), pods.describe()
+        assert "LocalQueue default" in status["message"], status
+        assert wl["spec"]["queueName"] == "default" and wl["spec"]["podSets"][0]["count"] == 2, wl["spec"]
+    finally:
+        e2e.cluster.kubectl("delete", "ddpjobs", "--all", "-n", e2e.namespace, "--wait=true", check=False)
+        operator.extra_env.pop("DDPJOB_OPERATOR_MANAGE_JOBS_WITHOUT_QUEUE_NAME", None)
+        operator.restart()
+
+
+def test_only_the_workload_the_job_owns_counts(e2e, queue):
+    """Issue 21, item 10: a Workload labelled with the job's name but not the job's (no
+    ownerReference: ddpjob-ownership keeps those to the operator) exists before the job.
+    The job gets its own Workload and runs on that one's admission; the other is never
+    deleted or patched."""
+    queue.make(cpu="3")
+    decoy = {"apiVersion": f"{GROUP}/v1beta2", "kind": "Workload",
+             "metadata": {"name": "decoy", "namespace": e2e.namespace,
+                          "labels": {"ddpjob.dev/job-name": "owned"}},
+             "spec": {"queueName": queue.name, "podSets": [{"name": "main", "count": 1, "template": {"spec": {
+                 "restartPolicy": "Never",
+                 "containers": [{"name": "main", "image": e2e.image,
+                                 "resources": {"requests": {"cpu": "100m"}}}]}}}]}}
+    e2e.cluster.kubectl("create", "-f", "-", input=json.dumps(decoy))
+    e2e.cluster.wait_for(lambda: _condition(_get(e2e, "workload", "decoy", e2e.namespace), "Admitted"),
+                         60, "the decoy admitted")
+    before = _get(e2e, "workload", "decoy", e2e.namespace)
+    e2e.create(queued_manifest(e2e, "owned", queue.name, command=["true"]))
+    status = e2e.wait_until_finished("owned", TIMEOUT)
+    assert status["phase"] == "Succeeded", status
+    own = workload(e2e, "owned")
+    assert own["metadata"]["ownerReferences"][0]["uid"] == e2e.job("owned")["metadata"]["uid"], own
+    assert _condition(own, "Finished"), own
+    after = _get(e2e, "workload", "decoy", e2e.namespace)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"], after
+    assert not _condition(after, "Finished") and _condition(after, "Admitted"), after

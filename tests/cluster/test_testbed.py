@@ -218,6 +218,344 @@ def test_what_the_agent_cannot_run_fails_fast_with_the_reason(kubectl, namespace
     assert "nfs" in done["status"]["message"]
 
 
+# -- probes: Ready follows the readiness probe ---------------------------------------------
+def read_pod(cluster, namespace: str, name: str) -> dict | None:
+    """The pod through the API client (cheaper than a kubectl process per poll)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = client.CoreV1Api(cluster.api_client).read_namespaced_pod(
+            name, namespace, _preload_content=False)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return json.loads(response.data)
+
+
+def readiness(pod: dict | None) -> dict:
+    """What the readiness conditions and the container's status say, in one small dict."""
+    status = (pod or {}).get("status", {})
+    conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+    container = (status.get("containerStatuses") or [{}])[0]
+    return {"phase": status.get("phase"), "Ready": conditions.get("Ready"),
+            "ContainersReady": conditions.get("ContainersReady"),
+            "ready": container.get("ready"), "started": container.get("started"),
+            "running": "running" in (container.get("state") or {})}
+
+
+def watch_readiness(cluster, namespace: str, names: list[str], until, timeout: float) -> dict:
+    """Poll the pods every 0.1 s and record each change as (time.time(), readiness dict) per
+    pod, until ``until(timeline)`` holds for every pod; TimeoutError with the timelines
+    otherwise."""
+    timelines: dict[str, list[tuple[float, dict]]] = {name: [] for name in names}
+    done: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cluster.check_running()
+        for name in set(names) - done:
+            seen = readiness(read_pod(cluster, namespace, name))
+            timeline = timelines[name]
+            if not timeline or timeline[-1][1] != seen:
+                timeline.append((time.time(), seen))
+                if until(timeline):
+                    done.add(name)
+        if done == set(names):
+            return timelines
+        time.sleep(0.1)
+    raise TimeoutError(f"pods in {namespace}: readiness timelines {timelines}")
+
+
+def flips(timeline: list) -> list[tuple[float, str]]:
+    """(time, Ready) at each change of the Ready condition while the container runs."""
+    out: list[tuple[float, str]] = []
+    for at, seen in timeline:
+        if seen["running"] and seen["Ready"] and (not out or out[-1][1] != seen["Ready"]):
+            out.append((at, seen["Ready"]))
+    return out
+
+
+# Listens after 3 s (so the pod runs unready first), answers 200 until +8 s, 503 until +14 s,
+# then 200 again. It prints those instants (this host's clock; kind's nodes share it) and
+# refuses a probe without the configured header.
+FLIPPING_SERVER = """
+    import http.server, json, time
+    start = time.time()
+    sick_from, sick_until = start + 8, start + 14
+    print("switches", json.dumps([sick_from, sick_until]), flush=True)
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            now = time.time()
+            if self.path != "/healthz" or self.headers.get("X-Check") != "ddpjob":
+                code = 400
+            elif not self.headers.get("User-Agent", "").startswith("kube-probe/"):
+                code = 418
+            else:
+                code = 503 if sick_from <= now < sick_until else 200
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"ok" if code == 200 else b"not now")
+        def log_message(self, *args):
+            pass
+    time.sleep(3)
+    http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler).serve_forever()
+"""
+
+
+def test_readiness_probe_flips_ready_within_seconds(cluster, kubectl, namespace, wait_for,
+                                                     pod_logs):
+    """httpGet on a named port with a header, periodSeconds 1: not ready until the first
+    success, then Ready True -> False -> True following the server, seen through the API
+    within about two seconds of each switch."""
+    kubectl.apply_yaml(python_pod("flip", FLIPPING_SERVER, container={
+        "ports": [{"name": "http", "containerPort": 8080}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http",
+                                       "httpHeaders": [{"name": "X-Check", "value": "ddpjob"}]},
+                           "periodSeconds": 1, "failureThreshold": 1},
+    }), "-n", namespace)
+    timeline = watch_readiness(
+        cluster, namespace, ["flip"],
+        lambda t: [ready for _, ready in flips(t)] == ["False", "True", "False", "True"],
+        90)["flip"]
+    unready_start = next(seen for _, seen in timeline if seen["running"])
+    assert unready_start["Ready"] == "False" and unready_start["ready"] is False, timeline
+    assert unready_start["started"] is True  # no startup probe: started once running
+    for _, seen in timeline:  # the container's ready and both conditions agree throughout
+        if seen["running"]:
+            assert seen["Ready"] == seen["ContainersReady"] == str(seen["ready"]), timeline
+    switches = next(json.loads(line.split(" ", 1)[1])
+                    for line in pod_logs(namespace, "flip").splitlines()
+                    if line.startswith("switches "))
+    (_, _), (_, _), (went_false, _), (went_true, _) = flips(timeline)
+    lags = [went_false - switches[0], went_true - switches[1]]
+    print(f"Ready followed the server after {lags[0]:.2f}s and {lags[1]:.2f}s")
+    # periodSeconds 1 plus a status patch and our 0.1 s poll; slack for a loaded machine.
+    assert all(0 <= lag < 3.5 for lag in lags), (lags, timeline)
+    final = read_pod(cluster, namespace, "flip")
+    ready = next(c for c in final["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and not ready.get("reason")
+
+
+def test_tcp_and_exec_readiness_and_a_container_without_probes(cluster, kubectl, namespace,
+                                                               wait_for):
+    """tcpSocket dials the pod IP; exec runs in the container (its own /tmp); a startup
+    probe holds `started` (and so readiness) back; without probes a running container is
+    ready at once."""
+    kubectl.apply_yaml([
+        python_pod("tcp", """
+            import socket, time
+            time.sleep(3)
+            server = socket.socket()
+            server.bind(("0.0.0.0", 9000))
+            server.listen()
+            while True:
+                server.accept()[0].close()
+        """, container={"readinessProbe": {"tcpSocket": {"port": 9000}, "periodSeconds": 1}}),
+        python_pod("exec", """
+            import pathlib, time
+            time.sleep(3)
+            pathlib.Path("/tmp/started").touch()
+            time.sleep(3)
+            pathlib.Path("/tmp/ready").touch()
+            time.sleep(600)
+        """, container={
+            "startupProbe": {"exec": {"command": ["test", "-f", "/tmp/started"]},
+                             "periodSeconds": 1, "failureThreshold": 60},
+            "readinessProbe": {"exec": {"command": ["sh", "-c", "test -f $(MARKER)"]},
+                               "periodSeconds": 1},
+            "env": [{"name": "MARKER", "value": "/tmp/ready"}]}),
+        python_pod("plain", "import time; time.sleep(600)"),
+    ], "-n", namespace)
+
+    def became_ready(timeline):
+        return timeline[-1][1]["Ready"] == "True"
+
+    timelines = watch_readiness(cluster, namespace, ["tcp", "exec", "plain"], became_ready, 60)
+    tcp, exec_timeline, plain = timelines["tcp"], timelines["exec"], timelines["plain"]
+    assert any(seen["running"] and seen["Ready"] == "False" for _, seen in tcp), tcp
+    running = [seen for _, seen in exec_timeline if seen["running"]]
+    assert running[0]["started"] is False and running[0]["ready"] is False, exec_timeline
+    assert all(seen["started"] or not seen["ready"] for seen in running), exec_timeline
+    assert running[-1]["started"] is True and running[-1]["ready"] is True
+    assert all(not seen["running"] or seen["Ready"] == "True" for _, seen in plain), plain
+
+
+def test_liveness_failure_restarts_the_container(kubectl, namespace, wait_for):
+    """A liveness probe that fails twice gets the container SIGTERMed; restartPolicy
+    OnFailure then restarts it in the same pod."""
+    kubectl.apply_yaml(python_pod("live", """
+        import os, pathlib, signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(21))  # PID 1 on kind: no default
+        state = pathlib.Path("/state")
+        if not (state / "ran-once").exists():
+            (state / "ran-once").touch()
+            time.sleep(600)  # never healthy: the liveness probe ends this run
+        (state / "healthy").touch()
+        time.sleep(3)
+    """, restartPolicy="OnFailure", terminationGracePeriodSeconds=5,
+        volumes=[{"name": "state", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "state", "mountPath": "/state"}],
+                   "livenessProbe": {"exec": {"command": ["test", "-f", "/state/healthy"]},
+                                     "periodSeconds": 1, "failureThreshold": 2}}),
+        "-n", namespace)
+    done = wait_for_phase(kubectl, wait_for, namespace, "live", ["Succeeded", "Failed"], 90)
+    status = done["status"]["containerStatuses"][0]
+    assert done["status"]["phase"] == "Succeeded", status
+    assert status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 21  # it got SIGTERM
+
+
+# -- container restart rules (KEP-5307) and RestartAllContainers (KEP-5532) ------------------
+def restart_rule(action: str, operator: str, values: list[int]) -> dict:
+    return {"action": action, "exitCodes": {"operator": operator, "values": values}}
+
+
+# Exits with the next of EXIT_CODES on each run, keeping its count in an emptyDir. A later run
+# checks it is the same pod (IP, hostname) with a fresh /tmp and the pod's /dev/shm (kept from the
+# run before, as containerd binds one per pod sandbox), and exits 3 if not.
+RUN_SEQUENCE = """
+    import json, os, socket, sys, time
+    codes = json.loads(os.environ["EXIT_CODES"])
+    runs_file = "/state/runs.json"
+    runs = json.load(open(runs_file)) if os.path.exists(runs_file) else []
+    me = {"ip": socket.gethostbyname(socket.gethostname()), "host": socket.gethostname(),
+          "start": time.time(), "tmp_fresh": not os.path.exists("/tmp/left-by-a-run"),
+          "shm_fresh": not os.path.exists("/dev/shm/left-by-a-run")}
+    runs.append(me)
+    json.dump(runs, open(runs_file, "w"))
+    for leftover in ("/tmp/left-by-a-run", "/dev/shm/left-by-a-run"):
+        open(leftover, "w").close()
+    print("runs", json.dumps(runs), flush=True)  # all of them: kind's log is this run's
+    if runs[0]["ip"] != me["ip"] or runs[0]["host"] != me["host"] or not (
+            me["tmp_fresh"] and me["shm_fresh"] == (len(runs) == 1)):
+        sys.exit(3)
+    sys.exit(codes[min(len(runs), len(codes)) - 1])
+"""
+
+
+def sequence_pod(name: str, exit_codes: list[int], *, container_policy: str | None,
+                 rules: list[dict] | None = None, pod_policy: str = "Never") -> dict:
+    container = {"env": [{"name": "EXIT_CODES", "value": json.dumps(exit_codes)}],
+                 "volumeMounts": [{"name": "state", "mountPath": "/state"}]}
+    if container_policy:
+        container["restartPolicy"] = container_policy
+    if rules:
+        container["restartPolicyRules"] = rules
+    return python_pod(name, RUN_SEQUENCE, restartPolicy=pod_policy, container=container,
+                      volumes=[{"name": "state", "emptyDir": {}}])
+
+
+def create_pod(kubectl, namespace: str, pod: dict) -> dict:
+    return json.loads(kubectl.apply_yaml(pod, "-n", namespace, "-o", "json").stdout)
+
+
+def test_restart_rule_restarts_the_container_in_place(kubectl, namespace, wait_for):
+    """Pod and container restartPolicy Never, a rule Restart on exit code 42: exit 42 once ->
+    the same pod runs the container again (same UID, IP, emptyDir, /dev/shm; a fresh /tmp),
+    restartCount 1 with the exit in lastState; the next run's exit 0 -> Succeeded. Exit 7
+    matches no rule: Failed, no restart. The API server keeps the fields (the gate is on)."""
+    rules = [restart_rule("Restart", "In", [42])]
+    created = {name: create_pod(kubectl, namespace, sequence_pod(
+        name, codes, container_policy="Never", rules=rules))
+        for name, codes in (("exit-42", [42, 0]), ("exit-7", [7, 0]))}
+    for pod in created.values():
+        container = pod["spec"]["containers"][0]
+        assert container["restartPolicy"] == "Never"
+        assert container["restartPolicyRules"] == rules
+
+    done = wait_for_phase(kubectl, wait_for, namespace, "exit-42", ["Succeeded", "Failed"], 90)
+    status = done["status"]["containerStatuses"][0]
+    assert done["status"]["phase"] == "Succeeded", status
+    assert done["metadata"]["uid"] == created["exit-42"]["metadata"]["uid"]
+    assert status["restartCount"] == 1
+    last = status["lastState"]["terminated"]
+    assert (last["exitCode"], last["reason"]) == (42, "Error") and last["finishedAt"]
+    assert terminated(done)["exitCode"] == 0
+
+    failed = wait_for_phase(kubectl, wait_for, namespace, "exit-7", ["Succeeded", "Failed"], 90)
+    status = failed["status"]["containerStatuses"][0]
+    assert failed["status"]["phase"] == "Failed"
+    assert (status["restartCount"], terminated(failed)["exitCode"]) == (0, 7)
+
+
+def test_container_restart_policy_and_not_in_rules_override_the_pods(kubectl, namespace,
+                                                                      wait_for):
+    """A container's own restartPolicy beats the pod's, both ways; a NotIn rule restarts on
+    every code it does not list."""
+    create_pod(kubectl, namespace, sequence_pod("own-policy", [1, 0],
+                                                container_policy="OnFailure"))
+    create_pod(kubectl, namespace, sequence_pod(
+        "not-in", [5, 7], container_policy="Never", pod_policy="Always",
+        rules=[restart_rule("Restart", "NotIn", [0, 7])]))
+    own = wait_for_phase(kubectl, wait_for, namespace, "own-policy", ["Succeeded", "Failed"],
+                         90)
+    assert own["status"]["phase"] == "Succeeded"
+    assert own["status"]["containerStatuses"][0]["restartCount"] == 1
+    # 5 is not in [0, 7]: restart. 7 is: no rule matches, and the container's Never beats
+    # the pod's Always.
+    not_in = wait_for_phase(kubectl, wait_for, namespace, "not-in", ["Succeeded", "Failed"], 90)
+    assert not_in["status"]["phase"] == "Failed"
+    status = not_in["status"]["containerStatuses"][0]
+    assert (status["restartCount"], terminated(not_in)["exitCode"]) == (1, 7)
+    assert status["lastState"]["terminated"]["exitCode"] == 5
+
+
+def test_restart_back_off_is_the_kubelets(cluster, kubectl, namespace, wait_for, pod_logs):
+    """The first restart is immediate, the second waits out a 10 s back-off
+    (CrashLoopBackOff meanwhile), as pkg/kubelet's crash-loop back-off does."""
+    create_pod(kubectl, namespace, sequence_pod(
+        "backoff", [42, 42, 0], container_policy="Never",
+        rules=[restart_rule("Restart", "In", [42])]))
+    seen: list = []
+
+    def container_status() -> dict:
+        pod = read_pod(cluster, namespace, "backoff") or {}
+        status = (pod.get("status", {}).get("containerStatuses") or [{}])[0]
+        if not seen or seen[-1] != status.get("state"):
+            seen.append(status.get("state"))
+        return status
+
+    # A loaded node may take a while to schedule and start the pod: the back-off window is
+    # watched from the first restart on, through the API client (cheap enough for 0.2 s polls
+    # that cannot miss a 10 s window), and a timeout quotes every state seen.
+    wait_for(lambda: container_status().get("restartCount", 0) >= 1, 120,
+             "backoff restarted once", interval=0.2)
+    try:
+        wait_for(lambda: (container_status().get("state", {}).get("waiting") or {}).get(
+            "reason") == "CrashLoopBackOff", 60, "backoff waiting in CrashLoopBackOff",
+            interval=0.2)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}; container states seen: {seen}") from None
+    done = wait_for_phase(kubectl, wait_for, namespace, "backoff", ["Succeeded", "Failed"], 90)
+    assert done["status"]["phase"] == "Succeeded"
+    assert done["status"]["containerStatuses"][0]["restartCount"] == 2
+    runs = [json.loads(line.split(" ", 1)[1])
+            for line in pod_logs(namespace, "backoff").splitlines() if line.startswith("runs ")]
+    starts = [run["start"] for run in runs[-1]]
+    first_gap, second_gap = starts[1] - starts[0], starts[2] - starts[1]
+    print(f"restarts after {first_gap:.1f}s and {second_gap:.1f}s")
+    assert first_gap < 5
+    assert second_gap >= 9.5
+
+
+def test_restart_all_containers_restarts_the_pod_in_place(kubectl, namespace, wait_for):
+    """RestartAllContainers (beta in 1.36): the pod's containers start again in the same pod;
+    the node declares the feature, so the scheduler places it."""
+    rules = [restart_rule("RestartAllContainers", "In", [42])]
+    created = create_pod(kubectl, namespace, sequence_pod(
+        "restart-all", [42, 0], container_policy="Never", rules=rules))
+    assert created["spec"]["containers"][0]["restartPolicyRules"] == rules
+    done = wait_for_phase(kubectl, wait_for, namespace, "restart-all", ["Succeeded", "Failed"],
+                          90)
+    status = done["status"]["containerStatuses"][0]
+    assert done["status"]["phase"] == "Succeeded", status
+    assert done["metadata"]["uid"] == created["metadata"]["uid"]
+    assert status["restartCount"] == 1
+    conditions = {c["type"]: c for c in done["status"]["conditions"]}
+    assert conditions["AllContainersRestarting"]["status"] == "False"
+
+
 # -- volumes and environment ----------------------------------------------------------------
 def test_configmap_emptydir_hostpath_volumes_and_env(kubectl, namespace, wait_for,
                                                       shared_host_dir, cluster):
@@ -287,7 +625,7 @@ def test_configmap_emptydir_hostpath_volumes_and_env(kubectl, namespace, wait_fo
     assert report["cwd"] == "/scratch"
     assert report["scratch_writable"]
     assert report["config"] == "level=3"
-    # The Memory emptyDir replaced the container's private 64 MiB /dev/shm.
+    # The Memory emptyDir replaced the pod's 64 MiB /dev/shm.
     assert report["shm_bytes"] > 64 * 2**20
 
 
@@ -301,6 +639,31 @@ def test_private_dev_shm_is_64_mib_without_a_volume(kubectl, namespace, wait_for
     wait_for_phase(kubectl, wait_for, namespace, "shm", ["Succeeded"])
     if cluster.testbed is not None:  # kind's runtime default is the same 64 MiB
         assert f"shm {64 * 2**20}" in pod_logs(namespace, "shm")
+
+
+def test_each_container_has_its_own_tmp(kubectl, namespace, wait_for, pod_logs):
+    """A container's /tmp is its own, as in an image's writable layer: two pods that write the
+    same file there never see each other's (a checkpoint folder under /tmp stays one job's),
+    and a volume mounted under /tmp is still mounted there."""
+    code = """
+        import os, sys
+        os.makedirs("/tmp/ckpt", exist_ok=True)
+        before = sorted(os.listdir("/tmp/ckpt"))
+        with open("/tmp/ckpt/owner", "w") as f:
+            f.write(os.environ["HOSTNAME"])
+        with open("/tmp/scratch/mounted", "w") as f:
+            f.write("yes")
+        print("before", before, "owner", open("/tmp/ckpt/owner").read(),
+              "volume", any(line.split()[4] == "/tmp/scratch"
+                            for line in open("/proc/self/mountinfo")))
+    """
+    for name in ("tmp-a", "tmp-b"):
+        pod = python_pod(name, code, container={
+            "volumeMounts": [{"name": "scratch", "mountPath": "/tmp/scratch"}]},
+            volumes=[{"name": "scratch", "emptyDir": {}}])
+        kubectl.apply_yaml(pod, "-n", namespace)
+        wait_for_phase(kubectl, wait_for, namespace, name, ["Succeeded"])
+        assert f"before [] owner {name} volume True" in pod_logs(namespace, name)
 
 
 # -- networking and DNS ---------------------------------------------------------------------

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 _DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                     "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "DDPJOB_DEVICE",
                     "DDPJOB_TERMINATION_LOG", "DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS",
-                    "DDPTRAINER_SUMMARY_DIR", "DDPTRAINER_DATA_DIR", "DDPTRAINER_CHECKPOINT_DIR")
+                    "DDPTRAINER_SUMMARY_DIR", "DDPTRAINER_DATA_DIR", "DDPTRAINER_CHECKPOINT_DIR",
+                    "DDPJOB_NAME", "DDPJOB_NAMESPACE", "DDPJOB_UID")  # whose checkpoints are written
 
 
 def free_port() -> int:

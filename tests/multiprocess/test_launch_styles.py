@@ -1,4 +1,4 @@
-"""The three launch styles of scripts people already have, on real gloo ranks, through
+"""The four launch styles of scripts people already have, on real gloo ranks, through
 `ddpjob run` (the same environment and commands as the pods): docs/launch-styles.md.
 
 The scripts are examples/scripts/*.py, written the way their authors write them: argparse
@@ -137,6 +137,35 @@ def test_style3_env_script_refused_as_its_own_command_and_coherent_through_the_p
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(4):
         assert f"rank {rank}/4 ok" in result.stdout, result.stdout
+
+
+# -- style 4: pytorch/examples imagenet, explicit --dist-url/--world-size/--rank, mp.spawn ----
+def test_style4_imagenet_script_runs_unmodified_with_the_jobs_values_in_its_args():
+    result = ddpjob("run", "-f", str(EXAMPLES / "ddpjob-imagenet-style.yaml"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # The script's own check: ranks 0..1 of one world of 2, parameters equal on both.
+    for rank in range(2):
+        assert f"[node-{rank}] rank {rank}/2 ok: 64 samples here" in result.stdout, result.stdout
+
+
+# -- a launcher of your own in command: torchrun reads the PET_* variables ------------------
+@pytest.mark.parametrize("launcher", [
+    ["torchrun"],
+    ["python3", "-m", "torch.distributed.run"],
+])
+def test_torchrun_command_starts_every_process_with_a_coherent_world(tmp_path, launcher):
+    """A PyTorchJob user's `command: [torchrun, SCRIPT]`, nprocPerNode 2, 2 nodes: no flag, no
+    launcher field; torchrun takes nnodes, node rank, processes and master from PET_*."""
+    manifest = changed_example(tmp_path, "ddpjob-env-script.yaml",
+                               command=[*launcher, "/workspace/env_mnist_style.py"],
+                               args=["--epochs", "1"])
+    assert ddpjob("validate", "-f", str(manifest), timeout=60).returncode == 0
+    result = ddpjob("run", "-f", str(manifest))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # env_mnist_style.py all-reduces the ranks: "ok" only if they are exactly 0..3 of a world of 4.
+    for rank in range(4):
+        assert f"rank {rank}/4 ok" in result.stdout, result.stdout
+    assert result.stdout.count("/4 ok") == 4, result.stdout
 
 
 # -- a rendezvous that never completes inside the user's own init -----------------------------

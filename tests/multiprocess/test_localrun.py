@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import queue
+import re
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.local_run import ddpjob_run, run
+
 pytestmark = pytest.mark.multiprocess
 
 ROOT = Path(__file__).resolve().parents[2]
-def ddpjob_run(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "ddpjob.cli", "run", *argv]
 
 
 def write_job(tmp_path: Path, node_script: str, *, nnodes=2, max_restarts=0, grace=5, **spec) -> Path:
@@ -35,11 +35,6 @@ def write_job(tmp_path: Path, node_script: str, *, nnodes=2, max_restarts=0, gra
     path.write_text(yaml.safe_dump({"apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob",
                                     "metadata": {"name": "t"}, "spec": job_spec}))
     return path
-
-
-def run(manifest: Path, *extra: str, timeout=120, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(ddpjob_run("-f", str(manifest), *extra), cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def alive(pid: int) -> bool:
@@ -289,3 +284,74 @@ def test_nodes_run_in_the_workdir_and_see_volumes_from_the_same_file(tmp_path):
     result = run(manifest, "--workdir", str(workdir))
     assert result.returncode == 0, result.stderr
     assert f"[node-1] hello from 1 {workdir}" in result.stdout
+
+
+# Node 1 of the first gang dies (as a lost node does) right after the checkpoint of step 4.
+CRASH_ONCE_TRAINER = textwrap.dedent('''
+    import os, sys
+    from ddptrainer import main, train
+
+    original_save = train.Trainer._save
+
+    def save_then_crash(self, blocking=False):
+        path = original_save(self, blocking)
+        if self.step == 4 and self.ctx.rank == 1 and os.environ["DDPJOB_RESTART_ATTEMPT"] == "0":
+            os._exit(1)
+        return path
+
+    train.Trainer._save = save_then_crash
+    sys.exit(main.run(sys.argv[1:]))
+''')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ddptrainer.main") is None, reason="the trainer does not exist yet")
+def test_a_run_resumes_its_own_checkpoints_and_another_job_in_the_folder_is_refused(tmp_path):
+    """The trainer's default ./checkpoints in one --workdir, shared by two jobs (docs/local-run.md)."""
+    (tmp_path / "crash_once.py").write_text(CRASH_ONCE_TRAINER)
+    args = [a for a in TRAINER_ARGS if a not in ("--checkpoint-dir", "/checkpoints")]
+    args[args.index("--max-steps") + 1] = "8"
+
+    def job(name: str) -> Path:
+        manifest = tmp_path / f"{name}.yaml"
+        manifest.write_text(yaml.safe_dump({
+            "apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": name},
+            "spec": {"nnodes": 2, "image": "local", "command": ["python", "crash_once.py", *args,
+                                                               "--checkpoint-every", "4"],
+                     "failurePolicy": {"maxRestarts": 1}}}))
+        return manifest
+
+    first = run(job("alpha"), "--workdir", str(tmp_path), timeout=400)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert "restarting the gang (restart 1/1)" in first.stderr
+    # the restarted gang is the same job (one run, one DDPJOB_UID): it resumed
+    assert "[node-0] ddptrain: resumed from ./checkpoints/step-0000000" in first.stdout
+    folder = tmp_path / "checkpoints"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert "step-00000008.pt" in before
+
+    other = run(job("beta"), "--workdir", str(tmp_path), timeout=400)
+    assert other.returncode == 2, other.stdout[-4000:] + other.stderr[-4000:]
+    assert ("--checkpoint-dir: ./checkpoints holds checkpoints of job default/alpha (uid local-"
+            in other.stdout + other.stderr)
+    assert "this is job default/beta (uid local-" in other.stdout + other.stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_the_end_of_a_run_says_where_its_time_went(tmp_path):
+    """One restart: attempt 0 reports steps 0 and 10, then fails; attempt 1 resumes at step 5
+    (its checkpoint) and finishes. The last lines account for it as the operator would."""
+    script = """
+        import os, sys, time
+        from ddptrainer.report import report_progress
+        attempt = int(os.environ["DDPJOB_RESTART_ATTEMPT"])
+        for step in ((0, 10) if attempt == 0 else (5, 12)):
+            report_progress(step, 20, force=True)
+            time.sleep(2.5)  # the run reads the reports every second
+        sys.exit(1 if attempt == 0 else 0)
+    """
+    result = run(write_job(tmp_path, script, nnodes=1, max_restarts=1), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [line] = [x for x in result.stderr.splitlines() if "goodput: " in x]
+    assert re.search(r"goodput: training \d+% of \d+s; 1 restart cost \d+s, 5 steps re-done", line), line
+    percent = int(re.search(r"training (\d+)%", line).group(1))
+    assert 60 <= percent < 100, line  # about 10 s of 11: the starts and the restart are short here

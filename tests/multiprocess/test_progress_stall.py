@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.multiprocess.test_localrun import run
+from tests.support.local_run import run
 from tests.support.progress_jobs import HANGING_SCRIPT
 
 pytestmark = pytest.mark.multiprocess

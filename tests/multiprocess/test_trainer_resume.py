@@ -159,3 +159,52 @@ def test_two_ranks_skip_a_damaged_checkpoint_and_stop_for_good_when_none_loads(
     assert broken.returncode == ExitCode.BAD_CONFIG, broken.stderr[-3000:]
     message = (tmp_path / "termination-log").read_text()
     assert "can be loaded" in message and "step-00000003.pt" in message
+
+
+def _as_job(trainer_env, name, uid):
+    return dict(trainer_env, DDPJOB_NAMESPACE="team", DDPJOB_NAME=name, DDPJOB_UID=uid)
+
+
+def _owners(folder):
+    from ddptrainer import ownership
+
+    return {step: ownership.read_record(path) for step, path in checkpoint.list_checkpoints(str(folder))}
+
+
+@pytest.mark.timeout(400)
+def test_two_jobs_in_one_folder_neither_resume_nor_prune_each_others(mp, tmp_path, trainer_env):
+    """docs/trainer.md, "Whose a checkpoint is": 2 ranks x batch 8 over 64 samples, 4 steps an
+    epoch, a checkpoint every 4 steps."""
+    shared = tmp_path / "shared"
+    args = [*mp.TINY, "--fake-size", "64", "--epochs", "10", "--checkpoint-every", "4",
+            "--checkpoint-dir", str(shared)]
+    job_a, job_b = _as_job(trainer_env, "a", "uid-a"), _as_job(trainer_env, "b", "uid-b")
+    first = mp.run(mp.torchrun(2, *mp.trainer(*args, "--max-steps", "8")), job_a, timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p.name: p.read_bytes() for p in shared.iterdir()}
+
+    # Another job given the same folder: refused before training, naming both, touching nothing.
+    refused = mp.run(mp.torchrun(2, *mp.trainer(*args, "--max-steps", "12")), job_b, timeout=120)
+    assert refused.returncode != 0 and "exitcode  : 2" in refused.stderr  # torchrun itself says 1
+    assert (f"--checkpoint-dir: {shared} holds checkpoints of job team/a (uid uid-a) (newest "
+            "step-00000008.pt); this is job team/b (uid uid-b)") in refused.stderr
+    assert "--adopt-checkpoints" in refused.stderr
+    assert {p.name: p.read_bytes() for p in shared.iterdir()} == before
+    from ddptrainer.ownership import Owner
+
+    a = Owner("team", "a", "uid-a")
+    assert _owners(shared) == {4: a, 8: a}
+
+    # Adopting on purpose takes the newest; pruning (keep 1) then deletes b's own files only.
+    adopted = mp.run(mp.torchrun(2, *mp.trainer(*args, "--max-steps", "16", "--adopt-checkpoints",
+                                                "--keep-checkpoints", "1")), job_b, timeout=120)
+    assert adopted.returncode == 0, adopted.stderr[-3000:]
+    assert "resuming from step-00000008.pt of job team/a (uid uid-a)" in adopted.stdout
+    assert _owners(shared) == {4: a, 16: Owner("team", "b", "uid-b")}
+
+    # A restart of job a resumes its own newest, not b's newer file, which it leaves alone.
+    again = mp.run(mp.torchrun(2, *mp.trainer(*args, "--max-steps", "8")), job_a, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {shared / 'step-00000004.pt'} at step=4" in again.stdout
+    assert "also holds 1 checkpoint(s) of other jobs" in again.stdout
+    assert _owners(shared) == {4: a, 8: a, 16: Owner("team", "b", "uid-b")}

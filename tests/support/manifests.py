@@ -1,6 +1,6 @@
 """Valid and invalid DDPJob manifests, shared by two test suites.
 
-The unit tests feed them to ``ddpjob validate`` (``ddpjob.api.schema``); the cluster suite sends
+The unit tests feed them to ``ddpjob validate`` (``ddpjob.api.validation``); the cluster suite sends
 the same manifests to a real API server with the generated CRD installed. The two word their
 messages differently, so each bad case records the *field path* both must name, plus a
 substring of ``ddpjob validate``'s message, plus what the API server is expected to do
@@ -111,6 +111,14 @@ def bad_manifest_table() -> list[BadCase]:
              "must not be 29400: every pod serves its progress reports on that port"),
         _bad("max-restarts-negative", {"spec.failurePolicy": {"maxRestarts": -1}},
              "spec.failurePolicy.maxRestarts", "must be >= 0"),
+        _bad("max-disruptions-too-many", {"spec.failurePolicy": {"maxDisruptions": 101}},
+             "spec.failurePolicy.maxDisruptions", "must be <= 100"),
+        _bad("disruption-window-zero", {"spec.failurePolicy": {"disruptionWindowSeconds": 0}},
+             "spec.failurePolicy.disruptionWindowSeconds", "must be >= 1"),
+        _bad("exclude-node-after-negative", {"spec.failurePolicy": {"excludeNodeAfterFailures": -1}},
+             "spec.failurePolicy.excludeNodeAfterFailures", "must be >= 0"),
+        _bad("exclude-node-after-beyond-the-history", {"spec.failurePolicy": {"excludeNodeAfterFailures": 11}},
+             "spec.failurePolicy.excludeNodeAfterFailures", "must be <= 10"),
         _bad("exit-code-repeated", {"spec.failurePolicy": {"permanentExitCodes": [2, 2]}},
              "spec.failurePolicy.permanentExitCodes[1]", "duplicate value 2"),
         _bad("exit-code-zero", {"spec.failurePolicy": {"permanentExitCodes": [0]}},
@@ -207,6 +215,22 @@ def bad_manifest_table() -> list[BadCase]:
         _bad("own-command-with-two-processes-per-pod",
              {"spec.nprocPerNode": 2, "spec.command": ["python", "/workspace/mnist.py"]},
              "spec.command", "a command of your own runs once per pod, but nprocPerNode > 1"),
+        # A command is a recognised launcher only as written (ddpjob.api.launchers).
+        _bad("python-module-not-a-launcher-two-processes",
+             {"spec.nprocPerNode": 2, "spec.command": ["python", "-m", "train"]},
+             "spec.command", "a command of your own runs once per pod, but nprocPerNode > 1"),
+        _bad("launcher-name-as-a-script-argument",
+             {"spec.nprocPerNode": 2, "spec.command": ["python", "train.py", "-m", "torch.distributed.run"]},
+             "spec.command", "a command of your own runs once per pod, but nprocPerNode > 1"),
+        _bad("launcher-inside-a-shell",
+             {"spec.nprocPerNode": 2, "spec.command": ["bash", "-c", "torchrun train.py"]},
+             "spec.command", "a command of your own runs once per pod, but nprocPerNode > 1"),
+        _bad("a-program-named-like-torchrun",
+             {"spec.nprocPerNode": 2, "spec.command": ["/opt/my-torchrun"]},
+             "spec.command", "a command of your own runs once per pod, but nprocPerNode > 1"),
+        _bad("launcher-torchrun-with-torchrun-command",
+             {"spec.launcher": "torchrun", "spec.nprocPerNode": 2, "spec.command": ["torchrun", "train.py"]},
+             "spec.launcher", "launcher torchrun and spawn are the pod entry point's"),
         _bad("launcher-torchrun-with-own-command",
              {"spec.launcher": "torchrun", "spec.command": ["python", "train.py"]},
              "spec.launcher", "launcher torchrun and spawn are the pod entry point's"),
@@ -278,6 +302,17 @@ def good_manifest_table() -> list[tuple[str, dict]]:
                                                "spec.command": ["/opt/venv/bin/ddptrain-pod"],
                                                "spec.args": ["--script", "t.py"]})),
         ("own-command-one-process", with_changes({"spec.command": ["python", "train.py"]})),
+        # Launchers that start nprocPerNode processes themselves (ddpjob.api.launchers).
+        ("torchrun-command-two-processes", with_changes({"spec.nprocPerNode": 2,
+                                                         "spec.command": ["torchrun", "train.py"]})),
+        ("torchrun-at-a-path-with-flags", with_changes({
+            "spec.nprocPerNode": 4, "spec.command": ["/usr/local/bin/torchrun", "--log-dir=/tmp/l"],
+            "spec.args": ["train.py", "--epochs", "3"]})),
+        ("python-m-torch-distributed-run", with_changes({
+            "spec.nprocPerNode": 2, "spec.command": ["python3", "-m", "torch.distributed.run", "train.py"]})),
+        ("python-u-m-torch-distributed-launch", with_changes({
+            "spec.nprocPerNode": 2,
+            "spec.command": ["/usr/bin/python3.11", "-u", "-m", "torch.distributed.launch", "--use-env", "t.py"]})),
         ("name-53-characters", with_changes({"metadata.name": "a" * 53})),
         ("nulls-mean-unset", with_changes({"spec.command": None, "spec.template": None,
                                            "spec.activeDeadlineSeconds": None})),

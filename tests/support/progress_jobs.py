@@ -18,6 +18,12 @@ steps, hang_at = int(os.environ.get("STEPS", "10")), int(os.environ.get("HANG_AT
 hang, ckpt = os.environ.get("HANG", "step"), os.environ["CKPT"]
 attempt, rank = int(os.environ["DDPJOB_RESTART_ATTEMPT"]), int(os.environ["RANK"])
 torch.set_num_threads(1)
+
+
+def stuck_in_collective():  # the frame the operator's StalledStacks Event must name
+    time.sleep(3600)
+
+
 if attempt == 0 and rank == 1 and hang == "init":
     print("rank 1 hangs before init_process_group", flush=True)
     time.sleep(3600)
@@ -29,7 +35,7 @@ value = torch.zeros(1)
 for step in range(start, steps):
     if attempt == 0 and rank == 1 and hang == "step" and step == hang_at:
         print(f"rank 1 hangs at step {step}", flush=True)
-        time.sleep(3600)
+        stuck_in_collective()
     dist.all_reduce(value)
     if rank == 0:
         with open(ckpt + ".tmp", "w") as f:

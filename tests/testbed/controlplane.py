@@ -153,6 +153,10 @@ class ControlPlane:
             # As on real clusters, the API server itself admits privileged pods and Pod
             # Security admission (on by default) decides per namespace label.
             "--allow-privileged=true",
+            # On top of the default admission plugins, the one OpenShift enables: setting
+            # blockOwnerDeletion on an ownerReference needs `update` on the owner's
+            # finalizers, so every test that creates a job proves the operator's RBAC has it.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--profiling=false",
             f"--audit-policy-file={audit_policy}",
             f"--audit-log-path={self.audit_log}",

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from .kube import Kubectl
-from .operator_runner import OPERATOR_NAMESPACE, apply_manifests
+from .operator_runner import OPERATOR_NAMESPACE, apply_manifests, operator_replicas
 from .processes import wait_for
 
 SKIP_PREFIX = "kind target needs a Docker engine and a kind cluster: "
@@ -50,7 +50,10 @@ def node_names(kubectl: Kubectl) -> list[str]:
 
 
 class KindOperator:
-    """The operator Deployment, with the same handle as OperatorProcess."""
+    """The operator Deployment, with the same handle as OperatorProcess. Its replicas (two, one
+    leading) go and come together: ``kill()`` force-deletes every one, so the operator is down
+    as a host process is; the new pods wait out the dead leader's Lease (about 15 s) before one
+    of them acts."""
 
     def __init__(self, kubectl: Kubectl, log_path: Path):
         self.kubectl = kubectl
@@ -58,11 +61,11 @@ class KindOperator:
 
     def start(self, timeout: float = 180) -> "KindOperator":
         """scripts/e2e-kind.sh deployed it (with the image it built); this only makes sure
-        the CRD and RBAC are current and one replica is Ready. Re-applying the Deployment
-        here would undo an image override."""
-        apply_manifests(self.kubectl, include_workloads=False)
+        the CRD and RBAC are current and the manifests' replicas are Ready. Re-applying the
+        Deployment here would undo an image override."""
+        documents = apply_manifests(self.kubectl, include_workloads=False)
         self.kubectl("scale", f"deployment/{OPERATOR_DEPLOYMENT}", "-n", OPERATOR_NAMESPACE,
-                     "--replicas=1")
+                     f"--replicas={operator_replicas(documents)}")
         self.kubectl("rollout", "status", f"deployment/{OPERATOR_DEPLOYMENT}",
                      "-n", OPERATOR_NAMESPACE, f"--timeout={int(timeout)}s", timeout=timeout + 30)
         return self
@@ -97,15 +100,17 @@ class KindOperator:
         return any(_ready(p) for p in self._pods())
 
     def logs(self) -> str:
+        """Every replica's log (the leader's and the standby's), each line prefixed with its pod."""
         saved = self.log_path.read_text() if self.log_path.exists() else ""
-        current = self.kubectl("logs", "-n", OPERATOR_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}",
-                               "--tail=-1", check=False).stdout
-        return saved + current
+        return saved + self._current_logs()
+
+    def _current_logs(self) -> str:
+        return self.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_SELECTOR, "--prefix",
+                            "--tail=-1", check=False).stdout
 
     def _save_logs(self) -> None:
         """A killed pod's log goes with it; keep it, as the local operator log is kept."""
-        text = self.kubectl("logs", "-n", OPERATOR_NAMESPACE,
-                            f"deployment/{OPERATOR_DEPLOYMENT}", "--tail=-1", check=False).stdout
+        text = self._current_logs()
         if text:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a") as handle:

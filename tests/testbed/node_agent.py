@@ -34,6 +34,11 @@ CAPACITY_ANNOTATION = "testbed.ddpjob.dev/capacity"
 LEASE_DURATION_SECONDS = 40
 HEARTBEAT_SECONDS = 10
 KUBELET_VERSION = "v1.36.3"
+# What a v1.36 kubelet declares in status.declaredFeatures (NodeDeclaredFeatures, beta and on)
+# that the agent also does; the scheduler places a pod with a RestartAllContainers rule only
+# on a node that declares it. (A kubelet also declares the in-place resize features it has
+# on; the agent resizes nothing, so it does not.)
+DECLARED_FEATURES = ["RestartAllContainersOnContainerExits"]
 
 
 @dataclass
@@ -110,6 +115,7 @@ def node_status(node: dict, address: str) -> dict:
         "addresses": [{"type": "InternalIP", "address": address},
                       {"type": "Hostname", "address": node["metadata"]["name"]}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "declaredFeatures": DECLARED_FEATURES,
         "nodeInfo": {
             "architecture": "amd64", "operatingSystem": "linux",
             "kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "",

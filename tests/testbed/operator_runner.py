@@ -62,6 +62,14 @@ def operator_command(documents: list[dict] | None = None) -> str:
     return shlex.join(argv) + " --liveness={liveness}"
 
 
+def operator_replicas(documents: list[dict] | None = None) -> int:
+    """How many replicas of the operator the Deployment runs (1 without a Deployment)."""
+    for document in render_manifests() if documents is None else documents:
+        if document.get("kind") == "Deployment" and document["metadata"]["name"] == OPERATOR_DEPLOYMENT:
+            return int(document["spec"].get("replicas", 1))
+    return 1
+
+
 def operator_environment(documents: list[dict] | None = None) -> dict[str, str]:
     """The plain ``value`` env of the Deployment's container, so settings match production."""
     container = _operator_container(render_manifests() if documents is None else documents)
@@ -113,13 +121,19 @@ def service_account_kubeconfig(
 
 class OperatorProcess:
     """The operator as a host process: ``start()``, ``kill()`` (SIGKILL: a crash),
-    ``restart()``, ``stop()``, ``logs()``; its output accumulates in ``log_path``."""
+    ``restart()``, ``stop()``, ``logs()``; its output accumulates in ``log_path``.
+
+    ``identity`` (default: the log's name) is its name in the leader Lease
+    (``DDPJOB_OPERATOR_POD_NAME``, as the Deployment sets it from the pod's name): the same across
+    restarts, like a pod's container restarting, so a restarted operator takes its own Lease
+    back at once; two processes with two identities are two replicas."""
 
     def __init__(self, command: str, kubeconfig: Path, log_path: Path, *,
                  extra_pythonpath: str | None = None, env: dict[str, str] | None = None,
-                 register=None):
+                 register=None, identity: str | None = None):
         self.command_template = command
-        self.extra_env = env or {}
+        self.identity = identity or log_path.stem
+        self.extra_env = {"DDPJOB_OPERATOR_POD_NAME": self.identity, **(env or {})}
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.extra_pythonpath = extra_pythonpath

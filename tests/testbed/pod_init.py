@@ -5,7 +5,20 @@ command keeps this process's pid and the agent's SIGTERM reaches it directly.
 
 `ip netns exec` has already given us a private mount namespace (mounts made here never
 reach the host) with the pod's /etc/hosts and /etc/resolv.conf. Here: our own UTS namespace
-with the pod's hostname, the volume bind mounts, a private /dev/shm, the working directory.
+with the pod's hostname, a private /tmp, the volume bind mounts, the pod's /dev/shm, the
+working directory.
+
+The private /tmp is what a container runtime gives every container: its image's /tmp in a
+fresh writable layer, so two pods (or two runs of one container) never see each other's
+files there. A tmpfs stands in for that layer. The host paths the agent hands us (volume
+sources, the working directory, the start error file) may lie under the host's /tmp (the test
+bed's state does); they are reached through a descriptor of the host's /tmp opened before
+it is covered.
+
+/dev/shm is the pod's, not the container's: containerd mounts one tmpfs per pod sandbox
+(64 MiB by default) and binds it into every container of the pod, so it outlives a container
+restart (pkg/cri's getSandboxDevShm). The agent mounts that tmpfs when it creates the pod's
+network (mount_pod_shm) and removes it with the pod; here it is only bound.
 
 Any failure before the exec is a container start error: the message goes to the spec's
 ``start_error_file`` and we exit 128, as containerd reports a StartError.
@@ -23,6 +36,7 @@ MS_NODEV = 0x4
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
 MS_REC = 0x4000
+MNT_DETACH = 0x2
 START_ERROR_EXIT_CODE = 128
 
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -53,35 +67,87 @@ def bind_mount(source: str, target: str, read_only: bool) -> None:
         _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
 
 
+class HostTmp:
+    """The host's /tmp, still reachable after a private one covers it."""
+
+    def __init__(self) -> None:
+        self.fd = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY)
+
+    def path(self, host_path: str) -> str:
+        """The same file as ``host_path`` on the host, also once /tmp is covered."""
+        if host_path == "/tmp" or host_path.startswith("/tmp/"):
+            return f"/proc/self/fd/{self.fd}{host_path[len('/tmp'):]}"
+        return host_path
+
+
+def mount_pod_shm(path: str, size: str) -> None:
+    """The pod sandbox's /dev/shm: a tmpfs of ``size`` at ``path`` (on the host)."""
+    os.makedirs(path, exist_ok=True)
+    _mount("shm", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
+
+
+def unmount(path: str) -> None:
+    """Lazily, so a process still inside cannot keep the pod's memory (EINVAL: not mounted)."""
+    if _libc.umount2(path.encode(), MNT_DETACH) != 0 and ctypes.get_errno() != 22:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"umount {path}: {os.strerror(errno)}")
+
+
+def is_under_tmp(path: str) -> bool:
+    return path == "/tmp" or path.startswith("/tmp/")
+
+
+def make_target(target: str, like: str) -> None:
+    """A mountpoint inside the private /tmp (the agent made the host's, which is covered)."""
+    if os.path.isdir(like):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.exists(target):
+            open(target, "a").close()
+
+
 def set_hostname(hostname: str) -> None:
     _check(_libc.unshare(CLONE_NEWUTS), "unshare(CLONE_NEWUTS)")
     socket.sethostname(hostname)
 
 
-def prepare(spec: dict) -> None:
+def prepare(spec: dict, host: HostTmp) -> None:
     set_hostname(spec["hostname"])
+    if spec.get("tmp_size"):
+        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec['tmp_size']}")
     # Parents before children, so a mount at /data/x is not hidden by one at /data.
     for mount in sorted(spec["mounts"], key=lambda m: m["target"].count("/")):
-        bind_mount(mount["source"], mount["target"], mount.get("read_only", False))
-    if spec.get("shm_size"):
-        # A container runtime gives each container its own /dev/shm (64 MiB by default);
-        # after the binds, so a Memory emptyDir under the host's /dev/shm is still visible.
-        _mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['shm_size']}")
-    os.chdir(spec["workdir"])
+        source = host.path(mount["source"])
+        if spec.get("tmp_size") and is_under_tmp(mount["target"]):
+            make_target(mount["target"], source)
+        bind_mount(source, mount["target"], mount.get("read_only", False))
+    if spec.get("pod_shm"):
+        # After the binds, so a Memory emptyDir under the host's /dev/shm is still visible.
+        bind_mount(host.path(spec["pod_shm"]), "/dev/shm", False)
+    workdir = spec["workdir"]
+    if spec.get("tmp_size") and is_under_tmp(workdir) and not os.path.isdir(workdir):
+        if spec.get("workdir_is_the_agents"):  # the per-pod stand-in for the image's WORKDIR
+            make_target(workdir, host.path(workdir))
+            bind_mount(host.path(workdir), workdir, False)
+        else:  # a workingDir the image would have had
+            os.makedirs(workdir)
+    os.chdir(workdir)
 
 
 def main() -> None:
     with open(sys.argv[1]) as handle:
         spec = json.load(handle)
+    host = HostTmp()
     try:
-        prepare(spec)
+        prepare(spec, host)
         argv = spec["argv"]
         if not argv:
             raise ValueError("the container has neither command nor args")
         os.execvpe(argv[0], argv, spec["env"])
     except Exception as error:  # noqa: BLE001 - every failure is reported the same way
         message = f"failed to start container: {error}"
-        with open(spec["start_error_file"], "w") as handle:
+        with open(host.path(spec["start_error_file"]), "w") as handle:
             handle.write(message)
         print(message, file=sys.stderr)
         sys.exit(START_ERROR_EXIT_CODE)

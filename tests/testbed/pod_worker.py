@@ -14,10 +14,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import pod_status
+from .pod_init import mount_pod_shm, unmount
+from .pod_probes import ContainerProbes, Target
+from .pod_restart import RESTART_ALL, CrashLoopBackOff, restart_action
 from .pod_env import ConfigError, Fetch, NotReadyYet, container_argv, container_environment
 from .pod_network import Bridge, PodNetwork, hosts_file, kill_netns_processes, resolv_conf
 from .pod_volumes import (
@@ -28,8 +32,8 @@ from .rest import ApiError, RestClient
 log = logging.getLogger(__name__)
 
 POD_INIT = Path(__file__).with_name("pod_init.py")
-SHM_SIZE = "64m"  # what Docker and containerd give a container's /dev/shm
-RESTART_BACKOFF_CAP_SECONDS = 10.0
+SHM_SIZE = "64m"  # what Docker and containerd give a pod's /dev/shm
+TMP_SIZE = "1g"  # a bound on the tmpfs standing in for the image layer's /tmp (pod_init.py)
 
 
 @dataclass
@@ -58,6 +62,8 @@ class PodWorker(threading.Thread):
         self.status_path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}/status"
         self.pod_dir = context.pods_dir / self.namespace / self.pod_name / self.uid
         self.log_path = self.pod_dir / "container.log"
+        self.shm_dir = self.pod_dir / "shm"  # the pod sandbox's /dev/shm, while it is mounted
+        self._shm_mounted = False
         self.host_ip = context.bridge.gateway
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
@@ -65,6 +71,14 @@ class PodWorker(threading.Thread):
         self._terminating = threading.Event()
         self._gone = False  # deleted from the API: no more status, no delete call
         self._kill_timer: threading.Timer | None = None
+        # Status patches go out one at a time, in order; a probe's result is dropped once
+        # the run it belongs to ended (its container ID is no longer the running one).
+        self._patch_lock = threading.RLock()
+        self._running: dict | None = None  # the running container's status fields
+        self._restart_all_possible = any(
+            rule.get("action") == RESTART_ALL
+            for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
+            for rule in c.get("restartPolicyRules") or [])
         self.done = threading.Event()
 
     # -- requests from the agent's pod watch -----------------------------------------------
@@ -115,21 +129,51 @@ class PodWorker(threading.Thread):
             return
         restarts = 0
         last_state = None
+        backoff = CrashLoopBackOff()
         while not self._terminating.is_set():
             state = self._run_container_once(restarts, last_state)
             if state is None:  # terminated before it started
                 return
+            finished = time.monotonic()
             exit_code = state["terminated"]["exitCode"]
-            policy = self.pod["spec"].get("restartPolicy", "Always")
-            restart = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
-            final = not restart or self._terminating.is_set()
-            self._patch(pod_status.terminated_patch(self.container, state, restarts=restarts,
-                                                    final=final, last_state=last_state))
+            action = restart_action(self.container, self.pod["spec"], exit_code)
+            final = action is None or self._terminating.is_set()
+            patch = pod_status.terminated_patch(self.container, state, restarts=restarts,
+                                                final=final, last_state=last_state)
             if final:
+                self._patch(self._with_restart_all_condition(
+                    patch, False, "PodCompleted" if exit_code == 0 else "PodFailed"))
                 return
+            if action == RESTART_ALL:
+                # The kubelet marks the pod, removes its containers and starts them again at
+                # once (no exited container is left to back off from).
+                self._patch(self._with_restart_all_condition(
+                    patch, True, pod_status.RESTART_ALL_STARTED))
+                restarts += 1
+                removed = pod_status.restarting_all_patch(self.container, restarts=restarts)
+                self._patch(self._with_restart_all_condition(removed, False))
+                last_state = removed["status"]["containerStatuses"][0]["lastState"]
+                log.info("%s: exit %s: restarting all containers", self.label, exit_code)
+                continue
+            self._patch(patch)
+            delay = backoff.delay(finished)
+            if delay:
+                self._patch(pod_status.crash_loop_patch(
+                    self.container, last_state=state, restarts=restarts, delay=delay,
+                    pod_label=f"{self.pod_name}_{self.namespace}({self.uid})"))
+            log.info("%s: exit %s: restart in %.0fs", self.label, exit_code, delay)
             restarts += 1
             last_state = state
-            self._terminating.wait(min(2 ** restarts / 2, RESTART_BACKOFF_CAP_SECONDS))
+            self._terminating.wait(delay)
+
+    def _with_restart_all_condition(self, patch: dict, restarting: bool,
+                                    reason: str | None = None) -> dict:
+        """Add AllContainersRestarting where the kubelet reports it: pods with a
+        RestartAllContainers rule."""
+        if self._restart_all_possible:
+            patch["status"].setdefault("conditions", []).append(
+                pod_status.all_containers_restarting(restarting, reason))
+        return patch
 
     def _run_container_once(self, restarts: int, last_state: dict | None) -> dict | None:
         if self._network is None:
@@ -157,11 +201,25 @@ class PodWorker(threading.Thread):
         container_id = f"testbed://{self.uid}/{restarts}"
         log.info("%s: started pid %s at %s", self.label, self._process.pid,
                  self._network.ip)
-        self._patch(pod_status.running_patch(
-            self.container, pod_ip=self._network.ip, host_ip=self.host_ip,
-            started_at=started_at, restarts=restarts, container_id=container_id,
-            last_state=last_state))
-        returncode = self._process.wait()
+        process = self._process
+        probes = ContainerProbes(
+            Target(self.container, self._network.ip, process.pid, spec["env"]),
+            started_at=time.monotonic(),
+            on_change=lambda started, ready: self._probe_changed(container_id, started, ready),
+            on_unhealthy=lambda kind, message: self._unhealthy(process, kind, message),
+            label=self.label)
+        running = {"started_at": started_at, "restarts": restarts,
+                   "container_id": container_id, "last_state": last_state}
+        with self._patch_lock:
+            self._running = running
+            self._patch(self._with_restart_all_condition(pod_status.running_patch(
+                self.container, pod_ip=self._network.ip, host_ip=self.host_ip,
+                ready=probes.ready, started=probes.started, **running), False))
+        probes.start(launching=[argv, argv[4:]])
+        returncode = process.wait()
+        probes.stop()
+        with self._patch_lock:
+            self._running = None
         # The main process is gone: nothing else of the container may outlive it.
         kill_netns_processes(self._network.netns)
         with self._lock:
@@ -181,6 +239,35 @@ class PodWorker(threading.Thread):
         log.info("%s: exited %s (%s)", self.label, exit_code, reason)
         return pod_status.terminated_state(exit_code, reason, message, started_at,
                                            pod_status.now(), container_id)
+
+    def _probe_changed(self, container_id: str, started: bool, ready: bool) -> None:
+        with self._patch_lock:
+            running = self._running
+            if running is None or running["container_id"] != container_id:
+                return  # that run ended; its exit is what the status says now
+            self._patch(pod_status.readiness_patch(self.container, ready=ready,
+                                                   started=started, **running))
+
+    def _unhealthy(self, process: subprocess.Popen, kind: str, message: str) -> None:
+        """A liveness or startup probe failed for good: the kubelet kills the container
+        (SIGTERM, SIGKILL after the grace period) and the restart policy decides the rest.
+        Not while the pod is being deleted: the kubelet then counts liveness as a success."""
+        if self._terminating.is_set():
+            return
+        grace = self.container.get(f"{kind}Probe", {}).get("terminationGracePeriodSeconds")
+        if grace is None:
+            grace = self.pod["spec"].get("terminationGracePeriodSeconds", 30)
+        log.info("%s: %s probe failed, killing the container (grace %ss): %s", self.label,
+                 kind, grace, message[:200])
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            timer = threading.Timer(grace, self._kill_run, args=(process,))
+            timer.daemon = True
+            timer.start()
+
+    def _kill_run(self, process: subprocess.Popen) -> None:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
 
     def _create_network(self) -> PodNetwork:
         spec = self.pod["spec"]
@@ -222,15 +309,26 @@ class PodWorker(threading.Thread):
                                      self.context.registry)
         shm_is_a_volume = any(m["target"].rstrip("/") == "/dev/shm" or
                               m["target"].startswith("/dev/shm/") for m in mounts)
+        tmp_is_a_volume = any(m["target"].rstrip("/") == "/tmp" for m in mounts)
         return {
             "hostname": env["HOSTNAME"],
             "mounts": mounts,
-            "shm_size": None if shm_is_a_volume else SHM_SIZE,
+            "tmp_size": None if tmp_is_a_volume else TMP_SIZE,
+            "pod_shm": None if shm_is_a_volume else self._pod_shm(),
             "workdir": working_directory(self.container, self.pod_dir / "workdir",
                                          self.context.registry),
+            "workdir_is_the_agents": not self.container.get("workingDir"),
             "argv": container_argv(self.container, env),
             "env": env,
         }
+
+    def _pod_shm(self) -> str:
+        """Mounted at the pod's first container start, kept through its restarts."""
+        with self._lock:
+            if not self._shm_mounted:
+                mount_pod_shm(str(self.shm_dir), SHM_SIZE)
+                self._shm_mounted = True
+        return str(self.shm_dir)
 
     def _fail_to_start(self, message: str) -> None:
         log.warning("%s: cannot start: %s", self.label, message)
@@ -249,6 +347,10 @@ class PodWorker(threading.Thread):
             kill_netns_processes(network.netns)
 
     def _patch(self, patch: dict) -> None:
+        with self._patch_lock:
+            self._send(patch)
+
+    def _send(self, patch: dict) -> None:
         if self._gone:
             return
         try:
@@ -276,8 +378,14 @@ class PodWorker(threading.Thread):
             if self._kill_timer is not None:
                 self._kill_timer.cancel()
             network, self._network = self._network, None
+            shm_mounted, self._shm_mounted = self._shm_mounted, False
         if network is not None:
             self.context.bridge.release(network)
+        if shm_mounted:
+            try:
+                unmount(str(self.shm_dir))
+            except OSError as error:
+                log.warning("%s: %s", self.label, error)
         shutil.rmtree(memory_volumes_of(self.uid), ignore_errors=True)
 
 

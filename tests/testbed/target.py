@@ -9,3 +9,4 @@ TARGET = os.environ.get("DDPJOB_E2E_TARGET", "local")
 # For tests that check the local test bed itself rather than behaviour a cluster shares.
 local_testbed_only = pytest.mark.skipif(
     TARGET != "local", reason="checks the local test bed itself (DDPJOB_E2E_TARGET=local)")
+

@@ -21,7 +21,8 @@ ALLOWED_ROOMS = {
     "ddpjob.api": {"ddpjob.contract"},
     "ddpjob.controller": {"ddpjob.contract", "ddpjob.api"},
     "ddpjob.local": {"ddpjob.contract", "ddpjob.api"},
-    "ddpjob.cli": {"ddpjob.contract", "ddpjob.api", "ddpjob.controller", "ddpjob.local"},
+    "ddpjob.client": {"ddpjob.contract", "ddpjob.api"},
+    "ddpjob.cli": {"ddpjob.contract", "ddpjob.api", "ddpjob.controller", "ddpjob.local", "ddpjob.client"},
     "ddptrainer": {"ddpjob.contract"},
 }
 # third-party packages a room must never import
@@ -30,13 +31,15 @@ FORBIDDEN = {
     "ddpjob.api": {"torch", "torchvision", "kopf", "kubernetes"},
     "ddpjob.controller": {"torch", "torchvision"},
     "ddpjob.local": {"torch", "torchvision", "kopf", "kubernetes"},
+    "ddpjob.client": {"torch", "torchvision", "kopf"},
     "ddpjob.cli": {"torch", "torchvision", "kopf", "kubernetes"},
     "ddptrainer": {"kopf", "kubernetes"},
 }
 # Within the controller only these modules may talk to kopf / the Kubernetes client: the rest is
-# pure (decide, builders, status) or kopf-free (reconcile, workqueue, settings).
+# pure (decide, builders, kueue) or kopf-free (reconcile, workqueue, settings).
 KOPF_MODULES = {"ddpjob.controller.handlers"}
-KUBERNETES_CLIENT_MODULES = {"ddpjob.controller.kube"}
+# ... and outside it, the user's side of a cluster (`ddpjob submit/logs/status`): client/cluster.py.
+KUBERNETES_CLIENT_MODULES = {"ddpjob.controller.kube", "ddpjob.client.cluster"}
 
 
 def _modules() -> list[tuple[str, Path]]:
@@ -151,3 +154,74 @@ def test_the_tests_share_helpers_through_packages_not_path_edits():
                  if "sys.path.insert" in p.read_text() or "sys.path.append" in p.read_text()]
     offenders.remove("tests/unit/test_boundaries.py")  # the strings above
     assert not offenders, offenders
+
+
+def _test_modules() -> list[tuple[str, Path]]:
+    """Every ``test_*.py`` of the test tiers and the benchmarks, with its dotted name."""
+    paths = sorted(p for folder in ("tests", "benchmarks") for p in (ROOT / folder).rglob("test_*.py"))
+    return [(".".join(p.relative_to(ROOT).with_suffix("").parts), p) for p in paths]
+
+
+TEST_MODULES = _test_modules()
+
+
+def test_no_test_module_imports_another():
+    """A test module's helpers change with its tests, and importing one runs its module code in
+    another's collection: what two test modules share lives in tests/support/ (or tests/testbed/,
+    or a tier's *_support.py), never in a test_*.py."""
+    test_names = {name for name, _ in TEST_MODULES}
+    problems = []
+    for module, path in TEST_MODULES:
+        parts = module.split(".")
+        for name in _imports(module, path):
+            # `import test_x` from a sibling, as pytest's rootdir-relative imports allow
+            sibling = ".".join(parts[:-1] + [name])
+            hit = {name, sibling} & test_names or {n for n in test_names if name.startswith(n + ".")}
+            hit.discard(module)
+            problems += [f"{module} imports {target}: move what it shares to tests/support/"
+                         for target in sorted(hit)]
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+# --- docs/DESIGN-NOTES.md says what this file enforces ------------------------------------------
+DESIGN_NOTES = ROOT / "docs" / "DESIGN-NOTES.md"
+
+
+def _design_notes_arrows() -> dict[str, set[str]]:
+    """The page's "room / may import" table."""
+    text = DESIGN_NOTES.read_text()
+    block = text[text.index("room               may import"):]
+    block = block[:block.index("```")]
+    table = {}
+    for line in block.splitlines()[1:]:
+        if line.strip():
+            room, _, allowed = line.strip().partition(" ")
+            allowed = allowed.strip()
+            table[room] = set() if allowed == "-" else {a.strip() for a in allowed.split(",")}
+    return table
+
+
+def test_the_design_notes_arrows_are_the_enforced_ones():
+    assert _design_notes_arrows() == ALLOWED_ROOMS
+
+
+def test_the_design_notes_name_every_module_of_the_operator():
+    """Each module file of the package appears in the page's tree (a new room or module is
+    written down where the next person looks)."""
+    text = DESIGN_NOTES.read_text()
+    missing = [str(path.relative_to(ROOT)) for module, path in MODULES
+               if module.startswith("ddpjob.") and not path.name.startswith("__")
+               and path.name not in text]
+    assert not missing, f"docs/DESIGN-NOTES.md does not name: {missing}"
+
+
+def test_the_design_notes_list_the_phases_conditions_and_columns():
+    from ddpjob.api import crd, status
+
+    text = " ".join(DESIGN_NOTES.read_text().split())
+    phases = text[text.index("Phases: "):].split(". ")[0]
+    assert all(p in phases for p in status.PHASES), phases
+    conditions = text[text.index("Condition types: "):].split(". ")[0]
+    assert all(c in conditions for c in status.CONDITION_TYPES), conditions
+    columns = text[text.index("Printer columns: "):].split(". ")[0]
+    assert all(c["name"] in columns for c in crd.printer_columns()), columns

@@ -34,8 +34,10 @@ def test_env_is_the_contract_for_that_node():
     env = env_of(pod)
     expected = contract.node_environment(
         job_name="train", namespace="team-a", master_addr="train-node-0.train.team-a.svc", master_port=29500,
-        nnodes=3, nproc_per_node=2, node_rank=2, restart_attempt=4, device="cpu", rendezvous_timeout_seconds=600)
+        nnodes=3, nproc_per_node=2, node_rank=2, restart_attempt=4, device="cpu", rendezvous_timeout_seconds=600,
+        job_uid="uid-1")
     assert {k: env[k] for k in expected} == expected
+    assert env["DDPJOB_UID"] == "uid-1"  # whose its checkpoints are: the DDPJob's metadata.uid
     assert list(env)[: len(expected)] == list(expected)  # the contract first, in its order
     assert env["WORLD_SIZE"] == "6" and env["RANK"] == "4" and env["PET_NODE_RANK"] == "2"
 

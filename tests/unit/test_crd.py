@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from ddpjob.api import crd, docs
-from ddpjob.api import schema
+from ddpjob.api import openapi
 from ddpjob.api import spec
+from ddpjob.api import validation
 from ddpjob.api.status import PHASES, Condition, FailedNode, JobStatus, NodeState
 from tests.support.manifests import bad_manifest_table, good_manifest_table, update_table
 
@@ -54,7 +55,7 @@ def test_the_status_schema_is_generated_from_the_status_model():
                      nodes=(NodeState(0, "p", "Running", True, 0, "r", "m", "n"),),
                      conditions=(Condition("Running", "True", "R", "m", "t"),))
     written = full.to_dict()
-    props = schema.status_schema()["properties"]
+    props = openapi.status_schema()["properties"]
     assert list(written) == list(props)
     assert list(written["failedNode"]) == list(props["failedNode"]["properties"])
     assert list(written["nodes"][0]) == list(props["nodes"]["items"]["properties"])
@@ -87,20 +88,24 @@ def test_printer_columns_read_status_fields_not_conditions():
     [version] = crd.build_crd()["spec"]["versions"]
     columns = [(c["name"], c["jsonPath"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
     assert columns == [("Phase", ".status.phase", 0), ("Ready", ".status.ready", 0),
-                       ("Restarts", ".status.restarts", 0), ("Progress", ".status.progress.summary", 0),
+                       ("Restarts", ".status.restarts", 0), ("Disruptions", ".status.disruptions", 0),
+                       ("Progress", ".status.progress.summary", 0),
                        ("ETA", ".status.progress.eta", 0), ("Epoch", ".status.progress.epoch", 1),
                        ("Loss", ".status.progress.loss", 1), ("Throughput", ".status.progress.throughput", 1),
-                       ("Reason", ".status.reason", 1),
+                       ("Goodput", ".status.goodput.percent", 1), ("Reason", ".status.reason", 1),
                        ("Queue", ".metadata.labels.kueue\\.x-k8s\\.io/queue-name", 0),
                        ("Age", ".metadata.creationTimestamp", 0)]
 
 
 def test_status_schema_is_the_one_in_the_design_notes():
-    status = schema.status_schema()
+    status = openapi.status_schema()
     props = status["properties"]
     assert list(props) == ["phase", "reason", "message", "ready", "readyNodes", "nnodes", "restarts",
+                           "disruptions", "recentDisruptions",
                            "restartAttempt", "podSpecHash", "startTime", "completionTime", "observedGeneration",
-                           "failedNode", "progress", "nodes", "conditions"]
+                           "failedNode", "failureHistory", "progress", "excludedNodes", "goodput", "nodes", "unlistedNodes",
+                           "observedRanks",
+                           "succeededRanks", "conditions"]
     assert list(props["progress"]["properties"]) == [
         "summary", "eta", "step", "totalSteps", "epoch", "epochs", "loss", "throughput", "etaSeconds",
         "lastReportTime", "ranksReporting", "attempt"]
@@ -109,6 +114,12 @@ def test_status_schema_is_the_one_in_the_design_notes():
     assert list(props["failedNode"]["properties"]) == ["nodeRank", "pod", "exitCode", "reason", "message"]
     assert list(props["nodes"]["items"]["properties"]) == ["nodeRank", "pod", "phase", "ready", "exitCode",
                                                            "reason", "message", "nodeName"]
+    assert list(props["failureHistory"]["items"]["properties"]) == [
+        "time", "attempt", "nodeRank", "rank", "pod", "nodeName", "kind", "reason", "exitCode", "message",
+        "restartMode"]
+    assert props["failureHistory"]["items"]["properties"]["restartMode"]["enum"] == ["InPlace", "Recreate"]
+    assert props["failureHistory"]["items"]["properties"]["kind"]["enum"] == ["Application", "Disruption"]
+    assert props["recentDisruptions"]["items"]["format"] == "date-time"
     condition = props["conditions"]["items"]["properties"]
     assert list(condition) == ["type", "status", "reason", "message", "lastTransitionTime"]
     assert condition["status"]["enum"] == ["True", "False", "Unknown"]
@@ -186,7 +197,7 @@ def test_defaults_satisfy_the_schema():
     checked = 0
     for path, node in _nodes(_root()):
         if "default" in node:
-            walker = schema._SchemaWalker()
+            walker = validation._SchemaWalker()
             walker.walk(node, node["default"], path)
             assert walker.problems == [], path
             checked += 1
@@ -196,7 +207,7 @@ def test_defaults_satisfy_the_schema():
 def test_enum_values_have_the_declared_type():
     for path, node in _nodes(_root()):
         for value in node.get("enum", ()):
-            assert schema._has_type(value, node["type"]), path
+            assert validation._has_type(value, node["type"]), path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,7 +228,7 @@ def _resolve(node: dict, dotted: str) -> dict | None:
 
 def test_every_rule_is_in_the_crd_once():
     cels = [rule["rule"] for _, rule in _rule_sites()]
-    assert sorted(cels) == sorted(r.cel for r in schema.all_rules())
+    assert sorted(cels) == sorted(r.cel for r in openapi.all_rules())
 
 
 def test_rule_field_paths_name_declared_fields():
@@ -251,7 +262,7 @@ def test_rule_messages_are_single_lines():
 
 def _defaulted_sites(manifest: dict):
     """(rule, the defaulted object it applies to) for one manifest with valid fields."""
-    out, _ = schema.defaulted_manifest(manifest)
+    out, _ = validation.defaulted_manifest(manifest)
     sites = []
 
     def visit(node, value):
@@ -273,19 +284,19 @@ def _defaulted_sites(manifest: dict):
 
 
 def _cel_cases():
-    rule_messages = {r.message for r in schema.all_rules()}
+    rule_messages = {r.message for r in openapi.all_rules()}
     cases = [(case.id, case.manifest) for case in bad_manifest_table()] + good_manifest_table()
     # Only manifests whose fields are valid reach the rules (in the API server as here).
     return [(name, m) for name, m in cases
-            if all(p.message in rule_messages for p in schema.validate_ddpjob(m))
+            if all(p.message in rule_messages for p in validation.validate_ddpjob(m))
             and isinstance(m.get("metadata"), dict) and m.get("kind") == "DDPJob"]
 
 
 def test_cel_rules_compile_and_agree_with_the_python_predicates():
     celpy = pytest.importorskip("celpy", reason="cel-python is not installed")
     env = celpy.Environment()
-    programs = {rule.cel: env.program(env.compile(rule.cel)) for rule in schema.all_rules()}
-    predicates = {rule.cel: rule.check for rule in schema.all_rules()}
+    programs = {rule.cel: env.program(env.compile(rule.cel)) for rule in openapi.all_rules()}
+    predicates = {rule.cel: rule.check for rule in openapi.all_rules()}
     cases = _cel_cases()
     assert len(cases) >= 20
     evaluated = 0
@@ -300,14 +311,14 @@ def test_cel_rules_compile_and_agree_with_the_python_predicates():
 def test_transition_rules_compile_and_agree_with_the_python_predicates():
     celpy = pytest.importorskip("celpy", reason="cel-python is not installed")
     env = celpy.Environment()
-    transition = [r for r in schema.all_rules() if r.transition]
+    transition = [r for r in openapi.all_rules() if r.transition]
     assert transition and all("oldSelf" in r.cel for r in transition)
     assert {r.field_path for r in transition} == {f".spec.{name}" for name in (
         f.name for f in dataclasses.fields(spec.DDPJobSpec)) if name not in spec.MUTABLE_WHILE_ACTIVE}
     evaluated = 0
     for case in update_table():
-        new, _ = schema.defaulted_manifest(case.new)
-        old, _ = schema.defaulted_manifest({k: v for k, v in case.old.items() if k != "status"})
+        new, _ = validation.defaulted_manifest(case.new)
+        old, _ = validation.defaulted_manifest({k: v for k, v in case.old.items() if k != "status"})
         if "status" in case.old:
             old["status"] = case.old["status"]
         for rule in transition:
@@ -336,9 +347,9 @@ def test_rules_hold_on_the_defaults_as_written():
 
 
 def test_each_rule_is_shown_to_fire_by_some_bad_case():
-    fired = {p.message for case in bad_manifest_table() for p in schema.validate_ddpjob(case.manifest)}
-    assert {r.message for r in schema.all_rules() if not r.transition} <= fired
+    fired = {p.message for case in bad_manifest_table() for p in validation.validate_ddpjob(case.manifest)}
+    assert {r.message for r in openapi.all_rules() if not r.transition} <= fired
 
 
 def test_object_rules_are_at_the_root():
-    assert _root()["x-kubernetes-validations"] == [schema.rule_schema(r) for r in spec.OBJECT_RULES]
+    assert _root()["x-kubernetes-validations"] == [openapi.rule_schema(r) for r in spec.OBJECT_RULES]

@@ -7,10 +7,10 @@ import datetime as dt
 import pytest
 
 from ddpjob.api import spec
-from ddpjob.controller.decide import PodView, decide, decide_invalid, refuse_creation, view_pod
+from ddpjob.controller.decide import PodView, refuse_creation, view_pod
+from tests.support.decisions import decide, decide_invalid
 from tests.support.jobs import UID, make_job, pod_view
-from ddpjob.api.status import CREATED, JobStatus, NodeState
-from ddpjob.controller.status import format_time, with_phase
+from ddpjob.api.status import CREATED, JobStatus, NodeState, format_time, with_phase
 
 pytestmark = pytest.mark.unit
 
@@ -152,11 +152,9 @@ def test_permanent_failure_with_clean_pod_policy_none_keeps_the_pods():
     failed(1, 1),  # a Python exception
     failed(1, 137, reason="OOMKilled"),  # the OOM killer: retryable, judged by cause
     failed(1, 13),  # peer lost
-    failed(1, 143),  # preempted, checkpoint saved
-    pod(1, "Failed", pod_reason="Evicted", pod_message="The node was low on resource: memory."),
-    pod(1, "Running", deletion_at=ago(1)),  # deleted from under the job (a drain, a user)
-    pod(1, "Running", deletion_at=ago(1), disruption="PreemptionByScheduler"),
-], ids=["exit1", "oom137", "peer13", "sigterm143", "evicted", "deleted", "preempted"])
+    failed(1, 143),  # SIGTERM (no DisruptionTarget: not the cluster's doing as far as anyone says)
+    pod(1, "Running", deletion_at=ago(1)),  # deleted from under the job by a plain DELETE (a user)
+], ids=["exit1", "oom137", "peer13", "sigterm143", "deleted"])
 def test_retryable_failure_restarts_the_whole_gang(failure):
     plan = decide(make_job(), gang_status(phase="Running"), [pod(0), failure], NOW)
     s = plan.status
@@ -168,6 +166,134 @@ def test_retryable_failure_restarts_the_whole_gang(failure):
     assert plan.create_ranks == ()
     event = plan.events[0]
     assert (event.type, event.reason) == ("Warning", "Restarting") and "node 1 (pod train-node-1)" in event.message
+
+
+@pytest.mark.parametrize("disrupted, reason", [
+    (pod(1, "Failed", pod_reason="Evicted", pod_message="The node was low on resource: memory."), "Evicted"),
+    (pod(1, "Running", deletion_at=ago(1), disruption="PreemptionByScheduler"), "PreemptionByScheduler"),
+    (pod(1, "Running", deletion_at=ago(1), disruption="EvictionByEvictionAPI",
+         disruption_message="Eviction API: evicting"), "EvictionByEvictionAPI"),  # a drain
+    (pod(1, "Running", deletion_at=ago(1), disruption="DeletionByTaintManager"), "DeletionByTaintManager"),
+    (failed(1, 143, disruption="TerminationByKubelet"), "TerminationByKubelet"),  # exit code and all
+    (pod(1, "Failed", pod_reason="NodeLost"), "NodeLost"),
+    (failed(1, 1, unhealthy_devices="nvidia.com/gpu GPU-7"), "UnhealthyDevice"),
+], ids=["kubelet-evicted", "preempted", "drained", "node-not-ready", "kubelet", "node-lost", "bad-gpu"])
+def test_a_disruption_restarts_the_gang_without_spending_max_restarts(disrupted, reason):
+    status = gang_status(phase="Running", restarts=2)
+    plan = decide(make_job(), status, [pod(0), disrupted], NOW)
+    s = plan.status
+    assert (s.phase, s.reason, s.restarts, s.disruptions, s.restartAttempt) == ("Restarting", "Disrupted", 2, 1, 1)
+    assert s.recentDisruptions == (format_time(NOW),)
+    assert "disruption 1 of 10 within 3600s; maxRestarts not spent" in s.message
+    [record] = s.failureHistory
+    assert (record.kind, record.reason, record.nodeRank, record.pod) == ("Disruption", reason, 1, "train-node-1")
+    assert names(plan.delete) == sorted(["train-node-0"] + ([] if disrupted.deleting else ["train-node-1"]))
+    assert reasons(plan) == ["Restarting"] and "maxRestarts not spent" in plan.events[0].message
+
+
+def test_a_disruption_is_the_cause_not_the_peers_it_took_down():
+    # rank 0 (plain torchrun: a lost peer is exit 1) failed before node 1's eviction is due
+    pods = [failed(0, 1, at=20, node_name="w1"),
+            pod(1, "Running", deletion_at=NOW + dt.timedelta(seconds=30), disruption="EvictionByEvictionAPI",
+                node_name="w2")]
+    s = decide(make_job(), gang_status(phase="Running"), pods, NOW).status
+    assert (s.restarts, s.disruptions, s.failedNode.nodeRank) == (0, 1, 1)
+    assert s.failureHistory[0].nodeName == "w2"
+
+
+def test_a_permanent_failure_beside_a_disruption_still_fails_the_job():
+    pods = [failed(0, 2), pod(1, "Running", deletion_at=ago(1), disruption="PreemptionByScheduler")]
+    s = decide(make_job(), gang_status(phase="Running"), pods, NOW).status
+    assert (s.phase, s.reason) == ("Failed", "PodFailedPermanent")
+    assert s.failureHistory[0].kind == "Application"
+
+
+def test_the_disruption_budget_counts_in_a_sliding_window():
+    job = make_job(failurePolicy=spec.FailurePolicy(maxDisruptions=2, disruptionWindowSeconds=600))
+    evicted = pod(1, "Running", deletion_at=ago(1), disruption="EvictionByEvictionAPI")
+    # two disruptions 5 and 2 minutes ago: a third within 10 minutes fails the job, naming the budget
+    status = dataclasses.replace(gang_status(phase="Running", restarts=1), disruptions=2,
+                                 recentDisruptions=(format_time(ago(300)), format_time(ago(120))))
+    plan = decide(job, status, [pod(0), evicted], NOW)
+    s = plan.status
+    assert (s.phase, s.reason, s.restarts) == ("Failed", "DisruptionBudgetExhausted", 1)
+    assert ("disruption budget (failurePolicy.maxDisruptions 2 within disruptionWindowSeconds 600s) is spent"
+            in s.message)
+    assert reasons(plan) == ["DisruptionBudgetExhausted"] and "node 1 (pod train-node-1)" in plan.events[0].message
+    # the same two, 15 and 12 minutes ago, have left the window: the gang restarts
+    status = dataclasses.replace(status, recentDisruptions=(format_time(ago(900)), format_time(ago(720))))
+    s = decide(job, status, [pod(0), evicted], NOW).status
+    assert (s.phase, s.disruptions, s.recentDisruptions) == ("Restarting", 3, (format_time(NOW),))
+
+
+def test_an_application_failure_after_disruptions_spends_max_restarts():
+    status = dataclasses.replace(gang_status(phase="Running", restarts=3), disruptions=4,
+                                 recentDisruptions=(format_time(ago(60)),))
+    s = decide(make_job(), status, [pod(0), failed(1, 1)], NOW).status
+    assert (s.reason, s.disruptions) == ("RestartBudgetExhausted", 4)
+
+
+def test_a_pod_gone_after_its_disruption_was_seen_is_a_disruption():
+    seen = (NodeState(nodeRank=0, pod="train-node-0", phase="Running", ready=True),
+            NodeState(nodeRank=1, pod="train-node-1", phase="Running", reason="DeletionByPodGC", nodeName="gone-node"))
+    s = decide(make_job(), gang_status(phase="Running", nodes=seen), [pod(0)], NOW).status
+    assert (s.restarts, s.disruptions) == (0, 1)
+    assert (s.failureHistory[0].reason, s.failureHistory[0].nodeName) == ("DeletionByPodGC", "gone-node")
+
+
+# --- the culprit: status and one Event name the rank, pod, node and why ------------------------
+def test_a_failing_rank_is_named_with_its_node_and_the_meaning_of_its_exit_code():
+    oom = failed(1, 137, reason="OOMKilled", node_name="worker-3",
+                 terminated_message="Traceback ...\nRuntimeError: CUDA out of memory")
+    plan = decide(make_job(), gang_status(attempt=2, phase="Running", restarts=1),
+                  [pod(0, attempt=2), dataclasses.replace(oom, attempt=2)], NOW)
+    [event] = plan.events
+    assert event.reason == "Restarting"
+    for words in ("node 1 (pod train-node-1 on worker-3)", "code 137", "SIGKILL", "OOM-killed",
+                  "restart 2 of 3"):
+        assert words in event.message, (words, event.message)
+    [record] = plan.status.failureHistory
+    assert (record.attempt, record.nodeRank, record.nodeName, record.kind, record.reason, record.exitCode) == (
+        2, 1, "worker-3", "Application", "OOMKilled", 137)
+    assert record.time == format_time(ago(5))  # when it ended, not when the operator looked
+    assert record.message.endswith("RuntimeError: CUDA out of memory") and "OOM-killed" in record.message
+
+
+def test_a_job_that_fails_records_its_culprit_too_and_the_history_stays_bounded():
+    history = ()
+    for attempt in range(12):
+        status = dataclasses.replace(gang_status(attempt, phase="Running"), failureHistory=history)
+        history = decide(make_job(failurePolicy=spec.FailurePolicy(maxRestarts=20)), status,
+                         [pod(0, attempt=attempt), failed(1, 1, attempt=attempt)], NOW).status.failureHistory
+    assert len(history) == 10 and [r.attempt for r in history] == list(range(11, 1, -1))
+    status = dataclasses.replace(gang_status(12, phase="Running"), failureHistory=history)
+    status = decide(make_job(), status, [pod(0, attempt=12), failed(1, 3, attempt=12)], NOW).status
+    assert status.reason == "PodFailedPermanent" and status.failureHistory[0].exitCode == 3
+    assert len(status.failureHistory) == 10
+
+
+def test_a_restart_under_way_says_which_budget_it_spends():
+    evicted = pod(1, "Running", deletion_at=ago(1), disruption="EvictionByEvictionAPI")
+    status = decide(make_job(), gang_status(phase="Running"), [pod(0), evicted], ago(3)).status
+    waiting = decide(make_job(), status, [evicted], NOW).status
+    assert waiting.message.startswith("disruption 1 of 10: waiting for 1 old pod(s)"), waiting.message
+
+
+def test_view_pod_reads_unhealthy_devices_and_the_disruption_message():
+    v = view_pod({"metadata": {"name": "p", "labels": {"ddpjob.dev/node-rank": "0", "ddpjob.dev/restart-attempt": "0"}},
+                  "status": {"phase": "Failed", "conditions": [
+                      {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                       "message": "Taint manager: deleting due to NoExecute taint"}],
+                      "containerStatuses": [{"name": "trainer", "allocatedResourcesStatus": [
+                          {"name": "nvidia.com/gpu", "resources": [{"resourceID": "GPU-1", "health": "Healthy"},
+                                                                   {"resourceID": "GPU-2", "health": "Unhealthy"}]}]}]}})
+    assert v.unhealthy_devices == "nvidia.com/gpu GPU-2"
+    assert (v.disruption, v.disruption_message) == ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
+    # hostile: thousands of devices and odd shapes stay bounded, never a crash
+    flood = [{"name": "x" * 300, "resources": [{"resourceID": "y" * 300, "health": "Unhealthy"}] * 500}, "junk", {"resources": "no"}]
+    v = view_pod({"metadata": {"name": "p", "labels": {"ddpjob.dev/node-rank": "0", "ddpjob.dev/restart-attempt": "0"}},
+                  "status": {"containerStatuses": [{"name": "trainer", "allocatedResourcesStatus": flood}]}})
+    assert 0 < len(v.unhealthy_devices) <= 300
 
 
 def test_eviction_is_recorded_as_the_reason():
@@ -601,3 +727,135 @@ def test_the_shape_fingerprint_ignores_fields_left_at_their_defaults():
     assert spec.pod_spec_hash(make_job(2).spec) == spec.pod_spec_hash(make_job(2, shmSize="2Gi").spec)
     assert spec.pod_spec_hash(make_job(2).spec) != spec.pod_spec_hash(make_job(2, shmSize="4Gi").spec)
     assert spec.pod_spec_hash(make_job(2).spec) != spec.pod_spec_hash(make_job(3).spec)
+
+
+# --- big gangs: a bounded status keeps every rank's facts (api/status.py, NODES_LISTED) ---------
+def big_running_status(nnodes: int, succeeded=()):
+    """The status decide writes for a running gang of ``nnodes`` (``succeeded`` ranks done)."""
+    pods = [pod(r, "Succeeded", exit_code=0) if r in succeeded else pod(r) for r in range(nnodes)]
+    plan = decide(make_job(nnodes), gang_status(phase="Running", nnodes=nnodes), pods, NOW)
+    return plan.status, pods
+
+
+def test_a_big_gang_lists_a_bounded_number_of_nodes_and_counts_the_rest():
+    from ddpjob.api.status import NODES_LISTED
+    s, _ = big_running_status(5000)
+    assert (s.phase, s.readyNodes, len(s.nodes), s.unlistedNodes) == ("Running", 5000, NODES_LISTED, 5000 - NODES_LISTED)
+    assert s.observedRanks == "0-4999" and s.ready == "5000/5000"
+
+
+def test_a_big_gangs_rank_that_succeeded_and_was_cleaned_up_still_counts_as_succeeded():
+    s, pods = big_running_status(5000, succeeded={4321})
+    assert 4321 not in {n.nodeRank for n in s.nodes} and s.succeededRanks == "4321"
+    plan = decide(make_job(5000), s, [p for p in pods if p.node_rank != 4321], NOW)
+    assert plan.status.phase == "Running" and plan.status.failedNode is None and not plan.create_ranks
+    assert plan.status.succeededRanks == "4321" and "1 succeeded" in plan.status.message
+
+
+def test_a_big_gangs_rank_observed_then_gone_is_a_failure():
+    s, pods = big_running_status(5000)
+    assert 4321 not in {n.nodeRank for n in s.nodes}
+    plan = decide(make_job(5000), s, [p for p in pods if p.node_rank != 4321], NOW)
+    f = plan.status.failedNode
+    assert (plan.status.phase, f.nodeRank, f.pod, f.reason) == ("Restarting", 4321, "train-node-4321", "Deleted")
+    assert not plan.create_ranks
+
+
+def test_a_status_written_before_the_rank_sets_still_counts_its_listed_nodes():
+    # An older operator listed every node and wrote no rank sets: its entries are the record.
+    status = gang_status(phase="Running", nodes=recorded(0, phase="Succeeded") + recorded(1))
+    assert status.observedRanks == "" and status.succeededRanks == ""
+    assert decide(make_job(), status, [pod(1)], NOW).status.phase == "Running"
+    assert decide(make_job(), status, [pod(0, "Succeeded", exit_code=0)], NOW).status.failedNode.nodeRank == 1
+
+
+def test_the_biggest_gang_all_failed_with_hostile_pods_writes_a_bounded_status():
+    import json
+    from ddpjob.api.spec import MAX_NNODES
+    from ddpjob.api.status import NODES_LISTED
+    hostile = "\x01" * 4096  # longer than any bound, in the costliest JSON character
+    pods = [failed(r, 1, reason=hostile, terminated_message=hostile, pod_reason=hostile,
+                   pod_message=hostile, node_name=hostile) for r in range(MAX_NNODES)]
+    plan = decide(make_job(MAX_NNODES, failurePolicy=spec.FailurePolicy(maxRestarts=0)),
+                  gang_status(phase="Running", nnodes=MAX_NNODES), pods, NOW)
+    s = plan.status
+    assert (s.phase, len(s.nodes), s.unlistedNodes) == ("Failed", NODES_LISTED, MAX_NNODES - NODES_LISTED)
+    size = len(json.dumps({"status": s.to_dict()}).encode())
+    assert size < 512 * 1024, size
+
+
+# --- the job's Service: its own, never another's (docs/security.md) -----------------------------
+from ddpjob.controller.decide import ServiceView  # noqa: E402
+
+OURS = ServiceView("train", "uid-svc", owner_uid=UID, owner=f"DDPJob train (uid {UID})")
+OTHERS = ServiceView("train", "uid-svc-2", owner_uid=None, owner="Deployment web (uid uid-web)")
+NAMESAKES = ServiceView("train", "uid-svc-3", owner_uid="uid-old-job", owner="DDPJob train (uid uid-old-job)")
+
+
+@pytest.mark.parametrize("service, whose", [
+    (OTHERS, "its controller is Deployment web (uid uid-web)"),
+    (NAMESAKES, "its controller is DDPJob train (uid uid-old-job)"),
+    (ServiceView("train", "u"), "it has no controller owner reference"),
+])
+def test_a_service_not_the_jobs_holds_the_new_gang_and_names_its_owner(service, whose):
+    plan = decide(make_job(4), JobStatus(), [], NOW, service=service, service_watched=True)
+    s = plan.status
+    assert not plan.create_ranks and not plan.ensure_service and not plan.delete
+    assert (s.phase, s.reason) == ("Pending", "ServiceConflict")
+    assert "Service train is not this job's" in s.message and whose in s.message
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "ServiceConflict")]
+    assert whose in plan.events[0].message
+    # The startup clock runs from now: the job fails if the Service is still there then.
+    assert s.is_true(CREATED) and plan.requeue_after == 600
+
+
+def test_a_service_in_the_way_is_reported_once_and_nothing_is_created_while_it_stays():
+    first = decide(make_job(4), JobStatus(), [], NOW, service=OTHERS, service_watched=True)
+    later = decide(make_job(4), first.status, [], NOW + dt.timedelta(seconds=60), service=OTHERS,
+                   service_watched=True)
+    assert (later.status.phase, later.status.reason) == ("Pending", "ServiceConflict")
+    assert not later.create_ranks and not later.ensure_service and not later.events
+    assert "4 pod(s) not created: Service train is not this job's" in later.status.message
+
+
+def test_a_service_in_the_way_fails_the_job_after_the_startup_timeout():
+    first = decide(make_job(4), JobStatus(), [], NOW, service=OTHERS, service_watched=True)
+    plan = decide(make_job(4), first.status, [], NOW + dt.timedelta(seconds=601), service=OTHERS,
+                  service_watched=True)
+    assert (plan.status.phase, plan.status.reason) == ("Failed", "StartupTimeout")
+    assert "Service train is not this job's" in plan.status.message and not plan.create_ranks
+
+
+def test_once_the_service_in_the_way_is_gone_the_gang_and_its_service_are_created():
+    first = decide(make_job(4), JobStatus(), [], NOW, service=OTHERS, service_watched=True)
+    plan = decide(make_job(4), first.status, [], NOW + dt.timedelta(seconds=60), service_watched=True)
+    assert plan.create_ranks == (0, 1, 2, 3) and plan.ensure_service
+    assert plan.status.reason == "NodesPending"
+
+
+def test_a_restart_with_a_service_in_the_way_is_held_too():
+    status = with_phase(JobStatus(nnodes=2, restarts=1, restartAttempt=1), "Restarting", "RetryableFailure",
+                        "node 1 failed", ago(5), created=False)
+    plan = decide(make_job(), status, [], NOW, service=OTHERS, service_watched=True)
+    assert (plan.status.phase, plan.status.reason, plan.create_ranks) == ("Restarting", "ServiceConflict", ())
+
+
+def test_the_jobs_own_service_deleted_while_it_runs_is_recreated_and_the_gang_left_alone():
+    plan = decide(make_job(), gang_status(phase="Running"), [pod(0), pod(1)], NOW, service_watched=True)
+    assert plan.ensure_service and not plan.create_ranks and not plan.delete
+    assert plan.status.phase == "Running" and reasons(plan) == ["ServiceMissing"]
+    kept = decide(make_job(), gang_status(phase="Running"), [pod(0), pod(1)], NOW, service=OURS,
+                  service_watched=True)
+    assert not kept.ensure_service and not kept.events
+
+
+def test_without_a_service_watch_nothing_is_known_missing():
+    plan = decide(make_job(), gang_status(phase="Running"), [pod(0), pod(1)], NOW)
+    assert not plan.ensure_service
+
+
+def test_a_running_gang_keeps_running_beside_a_service_in_the_way_and_says_so():
+    plan = decide(make_job(), gang_status(phase="Running"), [pod(0), pod(1)], NOW, service=OTHERS,
+                  service_watched=True)
+    assert plan.status.phase == "Running" and not plan.delete and not plan.ensure_service
+    assert "Service train is not this job's" in plan.status.message

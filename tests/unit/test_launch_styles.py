@@ -212,6 +212,7 @@ def test_a_started_process_group_makes_the_exit_wait_for_gloo_once(monkeypatch, 
     ("ddpjob-launch-local-rank.yaml", ["launch_local_rank.py"]),
     ("ddpjob-mp-spawn.yaml", ["mp_spawn_single_node.py", "mp_spawn_multi_node.py"]),
     ("ddpjob-env-script.yaml", ["env_mnist_style.py"]),
+    ("ddpjob-imagenet-style.yaml", ["imagenet_style.py"]),
 ])
 def test_example_configmaps_hold_the_scripts_unchanged(example, scripts):
     configmap = next(yaml.safe_load_all((ROOT / "examples" / example).read_text()))

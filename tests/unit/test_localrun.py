@@ -45,11 +45,11 @@ def env_for(job: spec.DDPJob, rank: int = 0, *, setup: LocalSetup | None = None,
 # --- environment --------------------------------------------------------------------------------
 def test_each_node_gets_the_pod_contract_on_loopback():
     job = make_job(nnodes=3, nprocPerNode=2, startupTimeoutSeconds=120)
-    env = env_for(job, rank=1, port=41234, attempt=2)
+    env = env_for(job, rank=1, port=41234, attempt=2, setup=LocalSetup("/scratch", run_uid="local-run-1"))
     expected = contract.node_environment(
         job_name="demo", namespace="team-a", master_addr="127.0.0.1", master_port=41234, nnodes=3,
         nproc_per_node=2, node_rank=1, restart_attempt=2, device="cpu", rendezvous_timeout_seconds=120,
-        progress_dir="/scratch/progress-attempt-2", progress_port=0)
+        progress_dir="/scratch/progress-attempt-2", progress_port=0, job_uid="local-run-1")
     assert {k: env[k] for k in expected} == expected
     assert (env["RANK"], env["WORLD_SIZE"], env["PET_NODE_RANK"], env["MASTER_PORT"]) == ("2", "6", "1", "41234")
 
@@ -244,15 +244,15 @@ POLICY_JOB = make_job(failurePolicy=spec.FailurePolicy(maxRestarts=3))
     (GangOutcome("failed", node_rank=1, exit_code=1), 3, False, 1,
      "retryable) but the restart budget (maxRestarts 3) is spent; job demo failed"),
 ])
-def test_decide_applies_the_failure_policy(outcome, restarts_done, restart, code, message):
-    decision = localrun.decide(outcome, restarts_done=restarts_done, spec=POLICY_JOB.spec, job_name="demo")
+def test_restart_or_fail_applies_the_failure_policy(outcome, restarts_done, restart, code, message):
+    decision = localrun.restart_or_fail(outcome, restarts_done=restarts_done, spec=POLICY_JOB.spec, job_name="demo")
     assert (decision.restart, decision.exit_code) == (restart, code)
     assert message in decision.message
 
 
-def test_decide_uses_the_jobs_own_permanent_codes():
+def test_restart_or_fail_uses_the_jobs_own_permanent_codes():
     job = make_job(failurePolicy=spec.FailurePolicy(maxRestarts=3, permanentExitCodes=(1,)))
-    decision = localrun.decide(GangOutcome("failed", node_rank=0, exit_code=1), restarts_done=0,
+    decision = localrun.restart_or_fail(GangOutcome("failed", node_rank=0, exit_code=1), restarts_done=0,
                                spec=job.spec, job_name="demo")
     assert not decision.restart and "permanent" in decision.message
 
@@ -323,6 +323,20 @@ def test_dry_run_prints_each_nodes_command_and_environment(tmp_path, capsys, mon
     assert "API_KEY=<from your environment>" in out and "s3cret" not in out
 
 
+def test_one_run_is_one_job_uid_shared_by_its_nodes_and_new_for_the_next_run(tmp_path, capsys):
+    """The checkpoints' owner (docs/trainer.md): a second run of a file is another job."""
+    import re
+
+    manifest = write_manifest(tmp_path, {"nnodes": 2, "image": "i"})
+    uids = []
+    for _run in range(2):
+        assert run_cli("-f", str(manifest), "--dry-run", "--workdir", str(tmp_path)) == 0
+        found = re.findall(r"DDPJOB_UID=(\S+)", capsys.readouterr().out)
+        assert len(found) == 2 and found[0] == found[1] and found[0].startswith("local-")
+        uids.append(found[0])
+    assert uids[0] != uids[1]
+
+
 def test_suspended_job_runs_nothing(tmp_path, capsys):
     job = make_job(suspend=True, command=("false",))
     assert localrun.run_job(job, workdir=str(tmp_path)) == 0
@@ -348,7 +362,7 @@ def test_the_ddpjob_package_never_imports_torch():
     code = textwrap.dedent("""
         import sys
         import ddpjob.local.runner, ddpjob.local.plan, ddpjob.local.supervisor, ddpjob.local.volumes
-        import ddpjob.api.schema  # what `ddpjob run` loads the file with
+        import ddpjob.api.validation  # what `ddpjob run` loads the file with
         from ddpjob.cli import build_parser
         build_parser()  # imports every subcommand's module
         leaked = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))

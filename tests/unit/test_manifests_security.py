@@ -2,6 +2,7 @@
 a real API server is tests/cluster/test_admission_policy.py; this catches drift in seconds."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,28 @@ def by_kind(name: str, kind: str) -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in documents(name) if d["kind"] == kind}
 
 
+POLICY_FILES = ("admission-policy.yaml", "ownership-policy.yaml", "queue-label-policy.yaml")
+
+
+def all_of(kind: str) -> dict[str, dict]:
+    return {name: d for file in POLICY_FILES for name, d in by_kind(file, kind).items()}
+
+
+def operator_user() -> str:
+    account = next(d for d in documents("rbac.yaml") if d["kind"] == "ServiceAccount")
+    return f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+
+
 def test_kubectl_apply_k_installs_the_policies_and_the_roles():
     resources = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
-    assert "admission-policy.yaml" in resources and "user-roles.yaml" in resources
+    assert set(POLICY_FILES) <= set(resources) and "user-roles.yaml" in resources
 
 
 def test_every_policy_is_bound_to_deny_and_fails_closed():
-    policies = by_kind("admission-policy.yaml", "ValidatingAdmissionPolicy")
-    bindings = by_kind("admission-policy.yaml", "ValidatingAdmissionPolicyBinding")
-    assert set(policies) == {"ddpjob-creator-rights", "ddpjob-operator-owned-children"}
+    policies = all_of("ValidatingAdmissionPolicy")
+    bindings = all_of("ValidatingAdmissionPolicyBinding")
+    assert set(policies) == {"ddpjob-creator-rights", "ddpjob-operator-owned-children",
+                             "ddpjob-ownership", "ddpjob-queue-label"}
     assert {b["spec"]["policyName"] for b in bindings.values()} == set(policies)
     for document in (*policies.values(), *bindings.values()):
         assert document["apiVersion"] == POLICY_API
@@ -54,8 +68,7 @@ def test_creator_policy_checks_pods_services_and_the_service_account():
 
 def test_operator_guard_names_the_operators_service_account():
     """If the ServiceAccount of rbac.yaml were renamed, the guard would silently stop matching."""
-    account = next(d for d in documents("rbac.yaml") if d["kind"] == "ServiceAccount")
-    user = f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+    user = operator_user()
     guard = by_kind("admission-policy.yaml",
                     "ValidatingAdmissionPolicy")["ddpjob-operator-owned-children"]
     [condition] = guard["spec"]["matchConditions"]
@@ -95,13 +108,39 @@ def test_operator_rbac_is_least_privilege():
         "namespaces": {"list", "watch"},
         "ddpjobs": {"list", "watch", "delete"},
         "ddpjobs/status": {"patch"},
-        "pods": {"list", "watch", "create", "delete"},
-        "services": {"create"},
+        # OwnerReferencesPermissionEnforcement: the children's blockOwnerDeletion
+        "ddpjobs/finalizers": {"update"},
+        "pods": {"list", "watch", "create", "delete", "patch"},  # patch: relabel (in-place restart)
+        "services": {"list", "watch", "create", "get"},  # get: whose one in the way is
         "events": {"create"},
         # Kueue (docs/kueue.md): the Workload of a queued job, its Finished/requeue status, and
         # the reads: the value of the WorkloadPriorityClass a job names, the admitted flavors.
-        "workloads": {"list", "watch", "create"},
+        "workloads": {"list", "watch", "create", "delete"},
         "workloads/status": {"patch"},
         "workloadpriorityclasses": {"get"},
         "resourceflavors": {"get"},
     }
+
+
+def test_ownership_policy_exempts_only_the_operator_and_the_garbage_collector():
+    """Renaming the operator's ServiceAccount would make the policy refuse the operator's own
+    pods; nobody else may be exempt."""
+    policy = by_kind("ownership-policy.yaml", "ValidatingAdmissionPolicy")["ddpjob-ownership"]
+    exempt = policy["spec"]["matchConditions"][0]["expression"]
+    named = set(re.findall(r"'([^']+)'", exempt))
+    assert named == {operator_user(), "system:serviceaccount:kube-system:generic-garbage-collector",
+                     "system:kube-controller-manager"}
+    assert exempt.startswith("!(request.userInfo.username in [")
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    guarded = {r for rule in rules for r in rule["resources"]}
+    assert {"pods", "services", "workloads"} <= guarded
+    assert all(set(rule["operations"]) == {"CREATE", "UPDATE"} for rule in rules)
+
+
+def test_queue_label_policy_guards_the_label_the_operator_reads():
+    from ddpjob.controller import kueue
+
+    policy = by_kind("queue-label-policy.yaml", "ValidatingAdmissionPolicy")["ddpjob-queue-label"]
+    text = yaml.safe_dump(policy)
+    assert f"'{kueue.QUEUE_LABEL}'" in text
+    assert "object.spec.suspend" in policy["spec"]["validations"][0]["expression"]

@@ -9,10 +9,9 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from ddpjob.controller import metrics
-from tests.unit.test_progress import FakePods, NOW, at, body, pods, running_status
-from tests.unit.test_handlers import FakeKube, parse
 from ddpjob.controller.reconcile import JobMemory, reconcile
 from ddpjob.controller.settings import OperatorSettings
+from tests.support.operator_fakes import NOW, FakeKube, FakePods, at, body, parse, pods, running_status
 
 pytestmark = pytest.mark.unit
 

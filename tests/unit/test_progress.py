@@ -2,7 +2,8 @@
 the operator's polling and its per-job status-write rate limit, and the pod side (ddptrainer.report)."""
 from __future__ import annotations
 
-import datetime as dt
+import dataclasses
+
 import json
 import os
 import socket
@@ -14,39 +15,22 @@ import pytest
 from ddpjob import contract
 from ddpjob.api import progress
 from ddpjob.api import spec
-from ddpjob.api.status import RUNNING, JobStatus, Progress
-from ddpjob.controller.decide import decide
+from ddpjob.api.status import RUNNING, JobStatus, Progress, format_time, with_phase
+from ddpjob.controller.progress import Target
 from ddpjob.controller.reconcile import JobMemory, reconcile
 from ddpjob.controller.settings import OperatorSettings
-from ddpjob.controller.status import format_time, with_phase
 from ddptrainer import report
+from tests.support.decisions import decide
 from tests.support.jobs import make_job, pod_view
-from tests.unit.test_handlers import FakeKube, body, parse
+from tests.support.operator_fakes import NOW, FakeKube, FakePods, at, body, parse, pods, running_status
 
 pytestmark = pytest.mark.unit
-
-NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
-
-
-def at(seconds: float) -> dt.datetime:
-    return NOW + dt.timedelta(seconds=seconds)
-
 
 def answer(*ranks: tuple[int, int, float], total: int = 100, observed: float = 0) -> dict:
     """A pod's /progress answer parsed at ``observed``: (rank, step, age_seconds) each."""
     body = {"ranks": {str(r): {"step": s, "total_steps": total, "loss": 0.5, "throughput": 80.0,
                                "epoch": 1, "epochs": 2, "age_seconds": age} for r, s, age in ranks}}
     return progress.parse_answer(body, at(observed))
-
-
-def running_status(since: float = -100, attempt: int = 0) -> JobStatus:
-    base = JobStatus(nnodes=2, restartAttempt=attempt, startTime=format_time(at(-200)))
-    created = with_phase(base, "Pending", "PodsCreated", "", at(-200), created=True)
-    return with_phase(created, RUNNING, "AllNodesRunning", "2/2 node(s) running", at(since))
-
-
-def pods(attempt: int = 0):
-    return [pod_view(r, "Running", attempt, pod_ip=f"10.0.0.{r + 1}") for r in range(2)]
 
 
 def policy_job(**policy) -> spec.DDPJob:
@@ -72,10 +56,10 @@ def test_merge_keeps_each_ranks_newest_report_and_a_new_attempt_starts_over():
 def test_status_shows_step_of_total_and_an_eta_from_the_pace_only_while_running():
     seen = progress.merge(None, 0, [answer((0, 10, 0), observed=0)])
     seen = progress.merge(seen, 0, [answer((0, 20, 0), observed=10)])  # 1 s a step, 80 to go
-    shown = progress.to_status(seen, running=True, format_time=format_time)
+    shown = progress.to_status(seen, running=True)
     assert (shown.summary, shown.eta, shown.etaSeconds, shown.step, shown.totalSteps) == ("20/100 (20%)", "1m20s", 80, 20, 100)
     assert (shown.epoch, shown.loss, shown.throughput, shown.lastReportTime) == (1, 0.5, 80.0, format_time(at(10)))
-    assert progress.to_status(seen, running=False, format_time=format_time).eta == ""
+    assert progress.to_status(seen, running=False).eta == ""
 
 
 def test_no_bound_no_stall_whatever_the_silence():
@@ -123,6 +107,17 @@ def test_a_stalled_gang_restarts_whole_with_reason_stalled_and_counts_a_restart(
     assert plan.status.progress is None or plan.status.progress.eta == ""
 
 
+def test_a_stall_names_the_stalled_rank_its_last_step_and_node_in_the_history():
+    seen = progress.merge(None, 0, [answer((0, 42, 70), (1, 40, 90))])
+    on_nodes = [dataclasses.replace(p, node_name=f"worker-{p.node_rank}") for p in pods()]
+    plan = decide(policy_job(progressTimeoutSeconds=60), running_status(), on_nodes, NOW, progress=seen)
+    [record] = plan.status.failureHistory
+    assert (record.kind, record.reason, record.rank, record.nodeRank, record.nodeName) == (
+        "Application", "Stalled", 1, 1, "worker-1")
+    assert record.message.startswith("rank 1 on node 1 (pod train-node-1 on worker-1) was stalled")
+    assert "rank 1 last reported step 40" in plan.events[0].message
+
+
 def test_a_stall_with_the_budget_spent_fails_the_job():
     seen = progress.merge(None, 0, [answer((0, 42, 70))])
     status = running_status()
@@ -138,17 +133,6 @@ def test_a_job_that_never_reports_runs_as_before():
 
 
 # --- the operator's shell: polling and the status-write rate limit -------------------------------
-class FakePods:
-    """Stands in for the HTTP GETs to the pods: every rank at ``step``, written just now."""
-
-    def __init__(self):
-        self.step, self.calls = 10, []
-
-    def __call__(self, ips, port, timeout):
-        self.calls.append((tuple(ips), port))
-        return [{r: progress.RankReport(rank=r, step=self.step, at=self.now, total_steps=100)} for r in range(len(ips))]
-
-
 def test_the_operator_polls_at_its_interval_and_writes_progress_at_most_once_per_interval():
     settings = OperatorSettings(progress_poll_seconds=10, progress_status_interval_seconds=30)
     kube, memory, fake = FakeKube(), JobMemory(), FakePods()
@@ -194,14 +178,14 @@ def test_without_a_poll_function_the_pass_only_asks_and_merges_answers_on_a_late
     kube, memory = FakeKube(), JobMemory()
     obj = body(status=running_status().to_dict())
     reconcile(obj, pods(), memory, kube=kube, settings=settings, post_event=lambda e: None, now=NOW, parse=parse)
-    assert memory.poll_due == (0, ("10.0.0.1", "10.0.0.2"))
+    assert memory.polling.due == (0, (Target("10.0.0.1", range(0, 1)), Target("10.0.0.2", range(1, 2))))
     assert not (kube.status.get("progress") or {}).get("ranksReporting"), kube.status  # nobody asked yet
-    memory.poll_due = None  # the worker took it
-    memory.poll_answers.append((1, [answer((0, 99, 0.1))]))  # a newer gang's: not this one's
-    memory.poll_answers.append((0, [answer((0, 30, 0.1)), answer((1, 31, 0.1))]))
+    memory.polling.due = None  # the worker took it
+    memory.polling.answers.append((1, [answer((0, 99, 0.1))]))  # a newer gang's: not this one's
+    memory.polling.answers.append((0, [answer((0, 30, 0.1)), answer((1, 31, 0.1))]))
     reconcile(obj, pods(), memory, kube=kube, settings=settings, post_event=lambda e: None, now=at(1), parse=parse)
     assert kube.status["progress"]["step"] == 31 and kube.status["progress"]["ranksReporting"] == 2
-    assert not memory.poll_answers and memory.poll_due is None  # not due again for 10 s
+    assert not memory.polling.answers and memory.polling.due is None  # not due again for 10 s
 
 
 def test_a_progress_poll_that_hangs_never_holds_up_other_jobs_passes(monkeypatch):
@@ -211,17 +195,19 @@ def test_a_progress_poll_that_hangs_never_holds_up_other_jobs_passes(monkeypatch
     import asyncio
     import threading
 
+    from ddpjob.controller import progress as pod_progress
     from ddpjob.controller import workqueue
 
     released = threading.Event()
     polls = []
 
-    def hanging_poll(ips, port, timeout):
-        polls.append(tuple(ips))
-        released.wait(10)
-        return [{} for _ in ips]
+    async def hanging_fetch(ip, port, deadline, limit):  # a pod that never answers
+        polls.append(ip)
+        while not released.is_set():
+            await asyncio.sleep(0.01)
+        return None
 
-    monkeypatch.setattr(workqueue, "poll_pods", hanging_poll)
+    monkeypatch.setattr(pod_progress, "fetch", hanging_fetch)
     settings = OperatorSettings(reconcile_workers=1, coalesce_seconds=0)
 
     async def scenario():
@@ -251,16 +237,19 @@ def test_a_progress_poll_that_hangs_never_holds_up_other_jobs_passes(monkeypatch
     asyncio.run(scenario())
 
 
-def test_after_an_operator_restart_the_stall_clock_continues_from_the_status():
-    settings = OperatorSettings()
+def test_after_an_operator_restart_a_recorded_report_keeps_the_first_report_bound_off():
+    """The status says the attempt reported: after a restart the job is not taken for one that
+    never did (test_progress_port.py has the stall clock after an outage)."""
     recorded = Progress(summary="5/100 (5%)", step=5, totalSteps=100, lastReportTime=format_time(at(-70)))
-    status = running_status()
+    status = running_status(since=-1000)
     status = type(status)(**{**status.__dict__, "progress": recorded})
     kube = FakeKube()
-    obj = body(status=status.to_dict(), failurePolicy={"progressTimeoutSeconds": 60})
-    reconcile(obj, pods(), JobMemory(), kube=kube, settings=settings, post_event=lambda e: None, now=NOW,
-              parse=parse, poll=lambda ips, port, timeout: [{}, {}])  # nobody answers
-    assert kube.status["phase"] == "Restarting" and kube.status["reason"] == "Stalled"
+    obj = body(status=status.to_dict(), failurePolicy={"firstProgressTimeoutSeconds": 60})
+    reconcile(obj, pods(), JobMemory(), kube=kube, settings=OperatorSettings(), post_event=lambda e: None,
+              now=NOW, parse=parse, poll=lambda targets, port, timeout: [{}, {}])  # nobody answers
+    reconcile(obj, pods(), JobMemory(), kube=kube, settings=OperatorSettings(), post_event=lambda e: None,
+              now=at(100), parse=parse, poll=lambda targets, port, timeout: [{}, {}])
+    assert (kube.status or obj["status"])["phase"] == "Running"
 
 
 # --- the pod side -------------------------------------------------------------------------------
@@ -305,10 +294,46 @@ def test_the_pod_serves_its_ranks_reports_over_http(tmp_path):
         assert served["ranks"]["0"]["step"] == 4 and served["ranks"]["0"]["age_seconds"] > 1e9
         parsed = progress.parse_answer(served, NOW)
         assert parsed[0].loss == 1.5
+        import asyncio
+
         from ddpjob.controller.progress import fetch
-        assert fetch("127.0.0.1", port, 5)["ranks"]["0"]["step"] == 4
+        assert json.loads(asyncio.run(fetch("127.0.0.1", port, 5, 4096)))["ranks"]["0"]["step"] == 4
     finally:
         server.shutdown()
+
+
+def test_a_poll_asks_every_pod_and_answers_per_pod_in_order_parsed_on_the_pool_it_is_given(tmp_path, monkeypatch):
+    """The operator's poll: one GET per pod (coroutines on the loop), one answer per pod in
+    order, each parsed on a thread of the pool it is given; a pod that does not serve, or has
+    no IP, answers nothing."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ddpjob.controller import progress as pod_progress
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "rank-0.json").write_text(json.dumps({"step": 4}))
+    server = report.serve_progress(str(tmp_path), port, host="127.0.0.1")
+    seen_threads = set()
+    real_read = pod_progress.read_answer
+
+    def read_answer(body, target, observed):
+        seen_threads.add(threading.current_thread().name)
+        return real_read(body, target, observed)
+
+    monkeypatch.setattr(pod_progress, "read_answer", read_answer)
+    targets = [pod_progress.Target(ip, range(0, 1)) for ip in ("127.0.0.1", "", "127.0.0.2")]
+    try:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-poll") as pool:
+            answers = asyncio.run(pod_progress.poll_pods(pool, targets, port, 2))
+    finally:
+        server.shutdown()
+    assert [sorted(a) for a in answers] == [[0], [], []]  # 127.0.0.2 does not serve
+    assert answers[0][0].step == 4
+    assert seen_threads and all(name.startswith("test-poll") for name in seen_threads)
 
 
 def test_the_pass_that_sees_the_gang_start_running_asks_for_a_poll_at_once():
@@ -322,3 +347,41 @@ def test_the_pass_that_sees_the_gang_start_running_asks_for_a_poll_at_once():
     reconcile(obj, pods(), memory, kube=kube, settings=OperatorSettings(), post_event=lambda e: None,
               now=at(0.2), parse=parse, poll=fake)
     assert len(fake.calls) == 1 and kube.status["progress"]["step"] == 10
+
+
+def test_after_a_restart_progress_and_eta_follow_the_resumed_position():
+    """Issue 23's report (PROGRESS 7/50000 two minutes after a resume from step 40): the
+    operator's side, pass by pass through a failure, the restart and the resumed gang. What the
+    status shows is the new attempt's own reports (40, 41, ...), never below where it resumed,
+    with the ETA from the new gang's pace."""
+    settings = OperatorSettings(progress_poll_seconds=1, progress_status_interval_seconds=1)
+    kube, memory, clock = FakeKube(), JobMemory(), {"step": 47}
+
+    def poll(targets, port, timeout):
+        return [{r: progress.RankReport(rank=r, step=clock["step"], at=clock["now"], total_steps=50000)
+                 for r in t.ranks} for t in targets]
+
+    def gang(attempt, phase="Running"):
+        return [pod_view(r, phase, attempt, pod_ip=f"10.0.{attempt}.{r + 1}") for r in range(2)]
+
+    def pass_at(seconds, seen_pods):
+        clock["now"] = at(seconds)
+        obj = body(status=kube.status or running_status(attempt=2).to_dict())
+        reconcile(obj, seen_pods, memory, kube=kube, settings=settings, post_event=lambda e: None,
+                  now=at(seconds), parse=parse, poll=poll)
+        return kube.status
+
+    pass_at(0, gang(2))
+    assert pass_at(2, [gang(2)[0], pod_view(1, "Failed", 2, exit_code=1)])["phase"] == "Restarting"
+    pass_at(4, [])
+    clock["step"] = 40  # the new gang resumed from the checkpoint at step 40
+    pass_at(6, gang(3, "Pending"))
+    pass_at(8, gang(3))
+    shown = []
+    for i, seconds in enumerate(range(10, 130, 10)):
+        clock["step"] = 40 + i
+        shown.append(pass_at(seconds, gang(3))["progress"])
+    assert [p["step"] for p in shown] == list(range(40, 52))
+    assert all(p["attempt"] == 3 for p in shown)
+    assert shown[-1]["summary"] == "51/50000 (0%)"
+    assert shown[-1]["etaSeconds"] == (50000 - 51) * 10  # 10 s a step since the resumed gang's first report

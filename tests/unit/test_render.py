@@ -53,8 +53,8 @@ def test_render_a_file(tmp_path):
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == ["Service", "Pod", "Pod", "Pod"]
     assert [d["metadata"]["name"] for d in docs] == ["demo", "demo-node-0", "demo-node-1", "demo-node-2"]
-    from ddpjob.api import schema
-    job = schema.parse_ddpjob(yaml.safe_load(MANIFEST), default_namespace="team-a")
+    from ddpjob.api import validation
+    job = validation.parse_ddpjob(yaml.safe_load(MANIFEST), default_namespace="team-a")
     assert docs == cli_render.render_objects(job)  # what the operator would create, exactly
     assert all("ownerReferences" not in d["metadata"] for d in docs)  # no uid before kubectl apply
 

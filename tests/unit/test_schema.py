@@ -1,4 +1,4 @@
-"""ddpjob.api.schema: the spec model -> OpenAPI, and manifest -> defaulted, frozen DDPJob."""
+"""The spec model -> OpenAPI (api/openapi.py); a manifest -> a defaulted, frozen DDPJob (api/validation.py)."""
 from __future__ import annotations
 
 import copy
@@ -9,8 +9,10 @@ from collections.abc import Mapping
 import pytest
 
 from ddpjob import contract
-from ddpjob.api import schema
+from ddpjob.api import model
+from ddpjob.api import openapi
 from ddpjob.api import spec
+from ddpjob.api import validation
 from tests.support.manifests import DELETE, good_manifest_table, minimal_manifest, with_changes
 
 pytestmark = pytest.mark.unit
@@ -23,18 +25,18 @@ def _dataclass_fields_match_schema(cls: type, node: dict, path: str) -> None:
     for f in dataclasses.fields(cls):
         prop = node["properties"][f.name]
         assert prop["description"] == f.metadata["description"]
-        inner = schema._unwrap_optional(hints[f.name])
+        inner = model.unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(inner):
             assert prop["default"] == {}, f"{path}.{f.name}: nested objects default to {{}}"
             _dataclass_fields_match_schema(inner, prop, f"{path}.{f.name}")
 
 
 def test_schema_has_every_field_of_the_model_in_order():
-    _dataclass_fields_match_schema(spec.DDPJobSpec, schema.spec_schema(), "spec")
+    _dataclass_fields_match_schema(spec.DDPJobSpec, openapi.spec_schema(), "spec")
 
 
 def test_schema_facts_come_from_field_metadata():
-    s = schema.spec_schema()
+    s = openapi.spec_schema()
     props = s["properties"]
     assert s["required"] == ["nnodes", "image"]
     assert props["nnodes"] == {"description": "Number of nodes: one pod each.", "type": "integer",
@@ -58,27 +60,27 @@ def test_schema_facts_come_from_field_metadata():
 
 
 def test_rules_are_in_the_schema_where_declared():
-    s = schema.spec_schema()
-    assert s["x-kubernetes-validations"] == [schema.rule_schema(r) for r in spec.DDPJobSpec.__rules__]
+    s = openapi.spec_schema()
+    assert s["x-kubernetes-validations"] == [openapi.rule_schema(r) for r in spec.DDPJobSpec.RULES]
     labels_rules = s["properties"]["template"]["properties"]["metadata"]["x-kubernetes-validations"]
-    assert labels_rules == [schema.rule_schema(r) for r in spec.PodMetadata.__rules__]
-    cels = [r.cel for r in schema.all_rules()]
+    assert labels_rules == [openapi.rule_schema(r) for r in spec.PodMetadata.RULES]
+    cels = [r.cel for r in openapi.all_rules()]
     assert len(cels) == len(set(cels)), "each rule's CEL must be unique (validation looks rules up by it)"
 
 
 def test_spec_schema_returns_a_fresh_copy():
-    schema.spec_schema()["properties"].clear()
-    assert "nnodes" in schema.spec_schema()["properties"]
+    openapi.spec_schema()["properties"].clear()
+    assert "nnodes" in openapi.spec_schema()["properties"]
 
 
 def test_defaults_of_the_schema_are_the_defaults_of_the_dataclasses():
-    job = schema.parse_ddpjob(minimal_manifest())
+    job = validation.parse_ddpjob(minimal_manifest())
     assert job.spec == spec.DDPJobSpec(nnodes=2, image="ddpjob-trainer:latest")
     assert job.name == "mnist" and job.namespace == "default" and job.uid is None and job.labels == {}
 
 
 def test_defaults_apply_inside_partly_given_nested_objects():
-    job = schema.parse_ddpjob(with_changes({
+    job = validation.parse_ddpjob(with_changes({
         "spec.failurePolicy": {"maxRestarts": 7},
         "spec.template": {"spec": {"nodeSelector": {"pool": "a"}}},
     }))
@@ -90,7 +92,7 @@ def test_defaults_apply_inside_partly_given_nested_objects():
 
 
 def test_parsed_job_is_frozen_with_tuples_for_lists():
-    job = schema.parse_ddpjob(dict(good_manifest_table())["every-field"])
+    job = validation.parse_ddpjob(dict(good_manifest_table())["every-field"])
     assert isinstance(job.spec.args, tuple) and isinstance(job.spec.env, tuple)
     assert isinstance(job.spec.command, tuple) and isinstance(job.spec.template.spec.volumes, tuple)
     assert job.spec.failurePolicy.permanentExitCodes == (2, 3)
@@ -99,38 +101,41 @@ def test_parsed_job_is_frozen_with_tuples_for_lists():
 
 
 def test_metadata_from_the_manifest():
-    job = schema.parse_ddpjob(dict(good_manifest_table())["every-field"])
+    job = validation.parse_ddpjob(dict(good_manifest_table())["every-field"])
     assert (job.name, job.namespace, job.labels) == ("mnist", "ml", {"team": "vision"})
-    op = schema.parse_ddpjob(dict(good_manifest_table())["operator-view"])
+    op = validation.parse_ddpjob(dict(good_manifest_table())["operator-view"])
     assert (op.name, op.namespace, op.uid) == ("j", "ns", "u-1")
-    assert schema.parse_ddpjob(minimal_manifest(), default_namespace="team-a").namespace == "team-a"
+    assert validation.parse_ddpjob(minimal_manifest(), default_namespace="team-a").namespace == "team-a"
 
 
 def test_null_means_unset_as_in_the_api_server():
-    job = schema.parse_ddpjob(dict(good_manifest_table())["nulls-mean-unset"])
+    job = validation.parse_ddpjob(dict(good_manifest_table())["nulls-mean-unset"])
     assert job.spec.command is None and job.spec.template == spec.PodTemplate()
 
 
 @pytest.mark.parametrize("name,manifest", good_manifest_table(), ids=[n for n, _ in good_manifest_table()])
 def test_round_trip(name, manifest):
-    job = schema.parse_ddpjob(manifest)
-    again = schema.to_manifest(job)
-    assert schema.parse_ddpjob(again) == job
-    assert schema.to_manifest(schema.parse_ddpjob(again)) == again
+    job = validation.parse_ddpjob(manifest)
+    again = validation.to_manifest(job)
+    assert validation.parse_ddpjob(again) == job
+    assert validation.to_manifest(validation.parse_ddpjob(again)) == again
 
 
 def test_to_manifest_spells_out_every_default():
-    out = schema.to_manifest(schema.parse_ddpjob(minimal_manifest()))
+    out = validation.to_manifest(validation.parse_ddpjob(minimal_manifest()))
     assert out["apiVersion"] == "ddpjob.dev/v1alpha1" and out["kind"] == "DDPJob"
     assert out["metadata"] == {"name": "mnist", "namespace": "default"}
-    assert out["spec"]["failurePolicy"] == {"maxRestarts": 3, "permanentExitCodes": [2, 3, 4, 126, 127]}
+    assert out["spec"]["failurePolicy"] == {"maxRestarts": 3, "maxDisruptions": 10, "disruptionWindowSeconds": 3600,
+                                            "excludeNodeAfterFailures": 2,
+                                            "restartMode": "InPlace",
+                                            "permanentExitCodes": [2, 3, 4, 126, 127]}
     assert "command" not in out["spec"] and out["spec"]["args"] == []
 
 
 def test_the_input_is_not_modified():
     manifest = dict(good_manifest_table())["every-field"]
     before = copy.deepcopy(manifest)
-    job = schema.parse_ddpjob(manifest)
+    job = validation.parse_ddpjob(manifest)
     assert manifest == before
     job.spec.env[0]["name"] = "CHANGED"  # plain dicts inside: they must not alias the input
     assert manifest == before
@@ -155,13 +160,13 @@ class _Body(Mapping):
 def test_accepts_any_mapping_like_the_operators_body():
     manifest = with_changes({"metadata.namespace": "ns", "metadata.uid": "abc",
                              "status": {"phase": "Running"}})
-    job = schema.parse_ddpjob(_Body(manifest))
+    job = validation.parse_ddpjob(_Body(manifest))
     assert (job.namespace, job.uid) == ("ns", "abc")
 
 
 def test_every_problem_is_reported_at_once():
-    with pytest.raises(schema.InvalidDDPJob) as caught:
-        schema.parse_ddpjob(with_changes({"spec.nnodes": 0, "spec.device": "tpu", "spec.bogus": 1,
+    with pytest.raises(validation.InvalidDDPJob) as caught:
+        validation.parse_ddpjob(with_changes({"spec.nnodes": 0, "spec.device": "tpu", "spec.bogus": 1,
                                           "spec.image": DELETE}))
     paths = [p.path for p in caught.value.problems]
     assert paths == ["spec.nnodes", "spec.device", "spec.bogus", "spec.image"]
@@ -170,17 +175,17 @@ def test_every_problem_is_reported_at_once():
 
 def test_rules_run_next_to_field_errors():
     # One run names every problem: a type error elsewhere does not hide a rule's verdict.
-    problems = schema.validate_ddpjob(with_changes({"spec.nnodes": "x",
+    problems = validation.validate_ddpjob(with_changes({"spec.nnodes": "x",
                                                     "spec.env": [{"name": "RANK", "value": "0"}]}))
     assert [p.path for p in problems] == ["spec.nnodes", "spec.env[0].name"]
-    problems = schema.validate_ddpjob(with_changes({"spec.env": [{"name": "RANK", "value": "0"}],
+    problems = validation.validate_ddpjob(with_changes({"spec.env": [{"name": "RANK", "value": "0"}],
                                                     "metadata.name": "Bad", "spec.nnodes": 0}))
     assert [p.path for p in problems] == ["spec.nnodes", "spec.env[0].name", "metadata.name"]
 
 
 def test_problem_text():
-    assert str(schema.Problem("spec.nnodes", "required")) == "spec.nnodes: required"
-    assert str(schema.Problem("", "not a mapping")) == "not a mapping"
+    assert str(validation.Problem("spec.nnodes", "required")) == "spec.nnodes: required"
+    assert str(validation.Problem("", "not a mapping")) == "not a mapping"
 
 
 @pytest.mark.parametrize("value,words", [
@@ -188,16 +193,15 @@ def test_problem_text():
     ("2", 'string "2"'), ({}, "a mapping"), ([], "a list"), ("x" * 100, 'string "' + "x" * 57 + '..."'),
 ])
 def test_describe_value(value, words):
-    assert schema.describe_value(value) == words
+    assert validation.describe_value(value) == words
 
 
-def test_main_prints_the_spec_schema(capsys):
+def test_generated_yaml_writes_a_shared_fragment_out_each_time():
     import yaml
 
-    assert schema.main([]) == 0
-    out = capsys.readouterr().out
+    out = openapi.to_yaml(openapi.spec_schema())
     assert "&id" not in out, "a fragment used twice is written out twice, not as a YAML alias"
-    assert yaml.safe_load(out) == schema.spec_schema()
+    assert yaml.safe_load(out) == openapi.spec_schema()
 
 
 def test_reserved_volume_name_is_the_one_the_builders_use():
@@ -209,7 +213,7 @@ def test_reserved_volume_name_is_the_one_the_builders_use():
 def test_a_misspelt_constraint_is_an_error_not_a_silent_gap():
     @dataclasses.dataclass(frozen=True)
     class Broken:
-        size: int = spec.spec_field("A size.", default=1, maximun=3)
+        size: int = model.spec_field("A size.", default=1, maximun=3)
 
     with pytest.raises(TypeError, match="maximun"):
-        schema._object_schema(Broken)
+        openapi.dataclass_schema(Broken)

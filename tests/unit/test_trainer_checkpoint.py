@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from ddpjob.contract import ExitCode
-from ddptrainer import checkpoint
+from ddptrainer import checkpoint, ownership
 from ddptrainer.distributed import DistContext
 from ddptrainer.errors import CheckpointError, ConfigError
 from ddptrainer.models import build_model
+from ddptrainer.ownership import Owner
 
 pytestmark = pytest.mark.unit
 
@@ -25,8 +26,9 @@ def test_save_then_load_latest_roundtrip(tmp_path):
         path = checkpoint.save(SINGLE, str(tmp_path), keep=2,
                                state={"step": step, "model": model.state_dict()})
         assert path == str(tmp_path / f"step-{step:08d}.pt")
-    # keep=2: the oldest went; no temp files are left behind
-    assert sorted(os.listdir(tmp_path)) == ["step-00000010.pt", "step-00000015.pt"]
+    # keep=2: the oldest went (with its owner record); no temp files are left behind
+    assert sorted(os.listdir(tmp_path)) == ["step-00000010.pt", "step-00000010.pt.owner",
+                                            "step-00000015.pt", "step-00000015.pt.owner"]
     problem, path = checkpoint.prepare_folder(SINGLE, str(tmp_path))
     assert problem is None and path.endswith("step-00000015.pt")
     state = checkpoint.load(SINGLE, path)
@@ -158,9 +160,18 @@ def test_background_write_failure_is_reported_by_the_next_save(tmp_path):
 
 
 def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
-    (tmp_path / ".step-00000007.pt.tmp-4242").write_bytes(b"half")
-    checkpoint.prepare_folder(SINGLE, str(tmp_path))
-    assert os.listdir(tmp_path) == []
+    mine, theirs = Owner("ns", "a", "uid-a"), Owner("ns", "b", "uid-b")
+    for owner in (mine, theirs):
+        for name in ("step-00000007.pt", "step-00000007.pt.owner"):
+            with open(ownership.temp_path(str(tmp_path / name), owner), "wb") as f:
+                f.write(b"half")
+    untagged = tmp_path / ".step-00000007.pt.tmp-4242"  # from a version before owner tags
+    untagged.write_bytes(b"half")
+    checkpoint.prepare_folder(SINGLE, str(tmp_path), mine)
+    # this job's are gone; another job's may be being written right now: left alone
+    left = sorted(os.listdir(tmp_path))
+    assert len(left) == 3 and untagged.name in left
+    assert all(theirs.tag() in name for name in left if name != untagged.name)
 
 
 def _damage(path, how):
@@ -239,3 +250,189 @@ def test_torchs_writer_error_is_disk_full_only_when_the_volume_is():
     wrapped.__cause__ = OSError(28, "No space left on device")
     assert disk_full.is_disk_full(wrapped, mib, None, None)
     assert not disk_full.is_disk_full(OSError(5, "Input/output error"), mib, None, None)
+
+
+# --- whose a checkpoint is (docs/trainer.md, "Whose a checkpoint is") ------------------------
+JOB_A = Owner("team", "resnet-a", "uid-a")
+JOB_B = Owner("team", "resnet-b", "uid-b")
+
+
+def _save(folder, step, owner, keep=10):
+    return checkpoint.save(SINGLE, str(folder), keep, {"step": step, "x": torch.ones(1)},
+                           owner=owner)
+
+
+def _files(folder):
+    return {name: (folder / name).read_bytes() for name in sorted(os.listdir(folder))}
+
+
+def test_a_checkpoint_records_its_owner_beside_it_and_inside_it(tmp_path):
+    path = _save(tmp_path, 3, JOB_A)
+    assert ownership.read_record(path) == JOB_A
+    assert checkpoint.read(path)["owner"] == {"namespace": "team", "name": "resnet-a",
+                                              "uid": "uid-a"}
+
+
+def test_a_folder_of_another_jobs_checkpoints_is_refused_naming_both(tmp_path):
+    _save(tmp_path, 4, JOB_A)
+    _save(tmp_path, 8, JOB_A)
+    before = _files(tmp_path)
+    problem, newest = checkpoint.prepare_folder(SINGLE, str(tmp_path), JOB_B)
+    assert newest is None
+    assert f"{tmp_path} holds checkpoints of job team/resnet-a (uid uid-a)" in problem
+    assert "(newest step-00000008.pt)" in problem and "this is job team/resnet-b (uid uid-b)" in problem
+    assert "--adopt-checkpoints" in problem and "its own folder" in problem
+    with pytest.raises(ConfigError, match="holds checkpoints of job team/resnet-a"):
+        checkpoint.find_resumable(SINGLE, str(tmp_path), JOB_B)
+    assert _files(tmp_path) == before  # nothing read into, renamed or deleted
+
+
+def test_a_restart_of_the_same_job_resumes_its_own_even_next_to_newer_foreign_ones(tmp_path):
+    _save(tmp_path, 2, JOB_A)
+    _save(tmp_path, 50, JOB_B)  # both jobs were started on the folder at once
+    problem, newest = checkpoint.prepare_folder(SINGLE, str(tmp_path), JOB_A)
+    assert problem is None and newest.endswith("step-00000002.pt")
+    found = checkpoint.find_resumable(SINGLE, str(tmp_path), JOB_A)
+    assert found.path.endswith("step-00000002.pt") and found.state["step"] == 2
+    assert any("also holds 1 checkpoint(s) of other jobs" in n and "resnet-b" in n
+               for n in found.notes)
+    assert ownership.read_record(str(tmp_path / "step-00000050.pt")) == JOB_B  # still B's
+
+
+def test_a_recreated_namesake_is_another_job_unless_it_adopts_on_purpose(tmp_path):
+    _save(tmp_path, 6, JOB_A)
+    again = Owner("team", "resnet-a", "uid-a-2")  # deleted and created again: a new uid
+    problem, _ = checkpoint.prepare_folder(SINGLE, str(tmp_path), again)
+    assert "job team/resnet-a (uid uid-a)" in problem and "(uid uid-a-2)" in problem
+    problem, newest = checkpoint.prepare_folder(SINGLE, str(tmp_path), again, adopt=True)
+    assert problem is None and newest.endswith("step-00000006.pt")
+    found = checkpoint.find_resumable(SINGLE, str(tmp_path), again, adopt=True)
+    assert found.state["step"] == 6
+    assert any("of job team/resnet-a (uid uid-a) (--adopt-checkpoints); it is this job's from "
+               "now on" in n for n in found.notes)
+    # adopted: a restart without the flag resumes it as its own, and pruning treats it so
+    assert ownership.read_record(found.path) == again
+    assert checkpoint.prepare_folder(SINGLE, str(tmp_path), again)[1] == found.path
+
+
+def test_a_record_without_uid_is_the_namesakes_own(tmp_path):
+    """Written under an operator that did not set DDPJOB_UID yet: the same job, upgraded."""
+    _save(tmp_path, 5, Owner("team", "resnet-a", ""))
+    assert checkpoint.prepare_folder(SINGLE, str(tmp_path), JOB_A) == (
+        None, str(tmp_path / "step-00000005.pt"))
+    assert checkpoint.prepare_folder(SINGLE, str(tmp_path), JOB_B)[1] is None
+
+
+def test_checkpoints_from_before_ownership_resume_with_a_warning_and_become_the_jobs(tmp_path):
+    checkpoint.write_atomic({"format": 2, "step": 1}, str(tmp_path / "step-00000001.pt"))
+    checkpoint.write_atomic({"format": 2, "step": 2}, str(tmp_path / "step-00000002.pt"))
+    assert not (tmp_path / "step-00000002.pt.owner").exists()
+    found = checkpoint.find_resumable(SINGLE, str(tmp_path), JOB_A)
+    assert found.path.endswith("step-00000002.pt")
+    assert any(n.startswith(f"warning: checkpoint {found.path} records no owner") for n in found.notes)
+    assert ownership.read_record(found.path) == JOB_A
+    # the older unrecorded one may be another job's from before records: never pruned
+    _save(tmp_path, 3, JOB_A, keep=1)
+    assert sorted(s for s, _ in checkpoint.list_checkpoints(str(tmp_path))) == [1, 3]
+
+
+def test_a_checkpoint_copied_without_its_record_still_says_whose_it_is(tmp_path):
+    source = _save(tmp_path / "a", 7, JOB_A)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "step-00000007.pt").write_bytes(open(source, "rb").read())
+    with pytest.raises(ConfigError, match=r"holds checkpoints of job team/resnet-a \(uid uid-a\)"):
+        checkpoint.find_resumable(SINGLE, str(tmp_path / "b"), JOB_B)
+    assert not (tmp_path / "b" / "step-00000007.pt.owner").exists()
+    found = checkpoint.find_resumable(SINGLE, str(tmp_path / "b"), JOB_B, adopt=True)
+    assert found.state["step"] == 7 and ownership.read_record(found.path) == JOB_B
+
+
+def test_pruning_deletes_only_the_jobs_own_files(tmp_path):
+    _save(tmp_path, 1, JOB_A)
+    _save(tmp_path, 2, JOB_A)
+    checkpoint.write_atomic({"format": 2, "step": 3}, str(tmp_path / "step-00000003.pt"))
+    for step in (4, 5, 6):
+        _save(tmp_path, step, JOB_B, keep=1)
+    by_owner = {step: ownership.read_record(path)
+                for step, path in checkpoint.list_checkpoints(str(tmp_path))}
+    assert by_owner == {1: JOB_A, 2: JOB_A, 3: None, 6: JOB_B}
+    assert not (tmp_path / "step-00000004.pt.owner").exists()  # B's records went with its files
+
+
+def test_a_save_never_replaces_another_jobs_file_of_the_same_step(tmp_path):
+    path = _save(tmp_path, 3, JOB_A)
+    before = _files(tmp_path)
+    with pytest.raises(ConfigError, match=r"step-00000003.pt already exists and belongs to job "
+                                          r"team/resnet-a \(uid uid-a\); this is job team/resnet-b"):
+        _save(tmp_path, 3, JOB_B)
+    assert _files(tmp_path) == before
+    writer = checkpoint.BackgroundWriter()  # the background writer reports it the same way
+    checkpoint.save(SINGLE, str(tmp_path), 2, {"step": 3}, writer, blocking=False, owner=JOB_B)
+    with pytest.raises(ConfigError, match="another job writes checkpoints"):
+        checkpoint.flush(SINGLE, writer)
+    assert ownership.read_record(path) == JOB_A
+
+
+def _plant(record, how):
+    if how == "huge":
+        record.write_bytes(b'{"name": "' + b"x" * (1 << 20) + b'"}')
+    elif how == "not json":
+        record.write_bytes(b"\xff\xfe garbage")
+    elif how == "a list":
+        record.write_text('["team", "resnet-a"]')
+    elif how == "deep":
+        record.write_text("[" * 3000 + "]" * 3000)
+    elif how == "a number field":
+        record.write_text('{"namespace": "team", "name": 7, "uid": "u"}')
+    elif how == "long field":
+        record.write_text('{"namespace": "team", "name": "%s", "uid": "u"}' % ("n" * 300))
+    elif how == "fifo":
+        os.mkfifo(record)  # opened for reading, it would block the start forever
+    elif how == "symlink":
+        record.symlink_to("/dev/zero")
+    elif how == "folder":
+        record.mkdir()
+
+
+@pytest.mark.parametrize("how", ["huge", "not json", "a list", "deep", "a number field",
+                                 "long field", "fifo", "symlink", "folder"])
+def test_a_hostile_owner_record_is_an_unknown_owner_never_a_crash(tmp_path, how):
+    checkpoint.write_atomic({"format": 2, "step": 9}, str(tmp_path / "step-00000009.pt"))
+    _plant(tmp_path / "step-00000009.pt.owner", how)
+    recorded = ownership.read_record(str(tmp_path / "step-00000009.pt"))
+    assert isinstance(recorded, ownership.Unknown)
+    problem, newest = checkpoint.prepare_folder(SINGLE, str(tmp_path), JOB_A)
+    assert newest is None and "holds checkpoints of an unknown job (step-00000009.pt.owner" in problem
+    _save(tmp_path, 10, JOB_A, keep=1)
+    _save(tmp_path, 11, JOB_A, keep=1)
+    assert (tmp_path / "step-00000009.pt").exists()  # not the job's: never pruned
+
+
+def test_the_jobs_identity_comes_from_the_pod_contract():
+    env = {"DDPJOB_NAMESPACE": "team", "DDPJOB_NAME": "resnet-a", "DDPJOB_UID": "uid-a"}
+    assert ownership.from_environment(env) == JOB_A
+    assert ownership.from_environment({}) == Owner()
+    assert Owner().describe() == "a ddptrain run outside any DDPJob (no DDPJOB_NAME)"
+    with pytest.raises(ConfigError, match="DDPJOB_UID is 300 characters long"):
+        ownership.from_environment({**env, "DDPJOB_UID": "u" * 300})
+
+
+def test_a_run_of_another_job_in_the_same_folder_exits_2_naming_both(tmp_path, capsys):
+    from ddptrainer import main
+
+    def run(name, uid, *argv):
+        environ = {"DDPJOB_TERMINATION_LOG": str(tmp_path / "term"), "DDPJOB_NAMESPACE": "team",
+                   "DDPJOB_NAME": name, "DDPJOB_UID": uid}
+        return main.run([*TINY_RUN, "--checkpoint-dir", str(tmp_path / "ckpt"), *argv],
+                        environ=environ)
+
+    assert run("resnet-a", "uid-a", "--max-steps", "2") == 0
+    before = _files(tmp_path / "ckpt")
+    capsys.readouterr()
+    assert run("resnet-b", "uid-b", "--max-steps", "3") == ExitCode.BAD_CONFIG
+    err = capsys.readouterr().err
+    assert (f"ddptrain: error: --checkpoint-dir: {tmp_path / 'ckpt'} holds checkpoints of job "
+            "team/resnet-a (uid uid-a)") in err and "this is job team/resnet-b (uid uid-b)" in err
+    assert _files(tmp_path / "ckpt") == before
+    assert run("resnet-a", "uid-a", "--max-steps", "3") == 0  # job a's restart resumes
+    assert "resumed from" in capsys.readouterr().out

@@ -88,6 +88,14 @@ def test_folders_and_termination_log_from_environment_flags_win():
     assert (c.data_dir, c.checkpoint_dir, c.termination_log) == ("d", "c", "t")
 
 
+def test_the_checkpoint_owner_is_the_job_of_the_environment():
+    env = {"DDPJOB_NAMESPACE": "ml", "DDPJOB_NAME": "train", "DDPJOB_UID": "u-1"}
+    c = parse_config([], environ=env)
+    assert (c.owner.namespace, c.owner.name, c.owner.uid) == ("ml", "train", "u-1")
+    assert not c.adopt_checkpoints and parse_config(["--adopt-checkpoints"], environ={}).adopt_checkpoints
+    assert parse_config([], environ={}).owner.name == ""
+
+
 def test_defaults_and_frozen():
     c = parse_config([], environ={})
     assert c == TrainConfig(data_dir="./data", checkpoint_dir="./checkpoints")

@@ -150,10 +150,24 @@ def test_default_path_is_written_only_if_it_exists(tmp_path, monkeypatch):
     assert summary.resolve_termination_log("/f", {"DDPJOB_TERMINATION_LOG": "/e"}) == ("/f", True)
 
 
-def test_rank_summaries_roundtrip(tmp_path):
+def test_worker_endings_roundtrip(tmp_path):
     env = {summary.ENV_SUMMARY_DIR: str(tmp_path)}
-    assert summary.write_rank_summary("done", 3, env)
-    assert summary.read_rank_summaries(str(tmp_path)) == {3: "done"}
+    assert summary.leave_ending(0, "done", 3, env)
+    assert summary.leave_ending(12, "timed out\nline two", None, env)  # an init guard's verdict
+    assert summary.leave_ending(4, "disk full: x", 1, env)
+    (tmp_path / "rank-2.txt").write_text("not an ending")
+    (tmp_path / "notes.txt").write_text("0\nnot ours")
+    endings = summary.read_endings(str(tmp_path))
+    assert [(e.code, e.message, e.rank, e.is_guard_verdict) for e in endings] == [
+        (4, "disk full: x", 1, False), (0, "done", 3, False), (12, "timed out\nline two", None, True)]
+    assert summary.read_endings(None) == [] and summary.read_endings(str(tmp_path / "gone")) == []
+    assert not summary.leave_ending(0, "done", 0, {})  # not under ddptrain-pod
+
+
+def test_a_worker_ending_is_read_only_up_to_the_termination_message_size(tmp_path):
+    (tmp_path / "rank-0.txt").write_text("1\n" + "x" * 100_000)
+    (ending,) = summary.read_endings(str(tmp_path))
+    assert ending.code == 1 and len(ending.message) == summary.MAX_TERMINATION_MESSAGE_BYTES - 1
 
 
 # ----------------------------------------------------------------------------- progress

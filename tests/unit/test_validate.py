@@ -13,7 +13,7 @@ import yaml
 
 from ddpjob.api import loader
 from ddpjob.cli import validate as cli_validate
-from ddpjob.api import schema
+from ddpjob.api import validation
 from tests.support.manifests import (NOT_SENDABLE, REJECTS, REJECTS_WHEN_STRICT, bad_manifest_table,
                                    good_manifest_table, minimal_manifest, several_problems_case,
                                    update_table, with_changes)
@@ -36,17 +36,17 @@ def test_the_bad_table_is_big_and_well_formed():
 
 @pytest.mark.parametrize("case", BAD, ids=[case.id for case in BAD])
 def test_bad_manifest_names_the_field_and_what_is_allowed(case):
-    problems = schema.validate_ddpjob(case.manifest)
+    problems = validation.validate_ddpjob(case.manifest)
     # One problem per case, so each case shows that exactly this check fires.
     assert [p.path for p in problems] == [case.path], problems
     assert case.message in problems[0].message
-    with pytest.raises(schema.InvalidDDPJob):
-        schema.parse_ddpjob(case.manifest)
+    with pytest.raises(validation.InvalidDDPJob):
+        validation.parse_ddpjob(case.manifest)
 
 
 @pytest.mark.parametrize("name,manifest", GOOD, ids=[name for name, _ in GOOD])
 def test_good_manifest_is_valid(name, manifest):
-    assert schema.validate_ddpjob(manifest) == []
+    assert validation.validate_ddpjob(manifest) == []
 
 
 def _example_ddpjobs() -> list:
@@ -60,7 +60,7 @@ def _example_ddpjobs() -> list:
 
 @pytest.mark.parametrize("manifest", _example_ddpjobs())
 def test_examples_are_valid(manifest):
-    assert schema.validate_ddpjob(manifest) == []
+    assert validation.validate_ddpjob(manifest) == []
 
 
 # No public registry hosts DDPJob's images: every file a user copies names them as `make images`
@@ -93,7 +93,7 @@ def test_examples_and_manifests_name_only_the_images_make_images_builds(path):
     ({"spec": {}}, "kind: must be DDPJob (kind is missing)"),
 ])
 def test_not_a_ddpjob_at_all(obj, expected):
-    assert [str(p) for p in schema.validate_ddpjob(obj)] == [expected]
+    assert [str(p) for p in validation.validate_ddpjob(obj)] == [expected]
 
 
 @pytest.mark.parametrize("metadata,expected", [
@@ -109,27 +109,27 @@ def test_not_a_ddpjob_at_all(obj, expected):
 def test_metadata_problems(metadata, expected):
     manifest = minimal_manifest()
     manifest["metadata"] = metadata
-    assert [str(p) for p in schema.validate_ddpjob(manifest)] == expected
+    assert [str(p) for p in validation.validate_ddpjob(manifest)] == expected
 
 
 def test_a_yaml_boolean_where_a_string_belongs_gets_a_quoting_hint():
     manifest = minimal_manifest()
     manifest["spec"]["args"] = ["--amp", True]
-    [problem] = schema.validate_ddpjob(manifest)
+    [problem] = validation.validate_ddpjob(manifest)
     assert str(problem) == 'spec.args[1]: must be a string, got boolean true (quote it in YAML: "true")'
 
 
 def test_map_keys_must_be_strings():
     manifest = minimal_manifest()
     manifest["spec"]["template"] = {"spec": {"nodeSelector": {1: "a"}}}
-    assert [str(p) for p in schema.validate_ddpjob(manifest)] == [
+    assert [str(p) for p in validation.validate_ddpjob(manifest)] == [
         "spec.template.spec.nodeSelector: keys must be strings, got integer 1 (quote it)"]
 
 
 def test_unknown_fields_inside_kubernetes_fragments_are_kept():
     manifest = minimal_manifest()
     manifest["spec"]["template"] = {"spec": {"volumes": [{"name": "d", "hostPath": {"path": "/x"}}]}}
-    job = schema.parse_ddpjob(manifest)
+    job = validation.parse_ddpjob(manifest)
     assert job.spec.template.spec.volumes == ({"name": "d", "hostPath": {"path": "/x"}},)
 
 
@@ -297,6 +297,23 @@ def test_load_ddpjobs_for_render_and_run(tmp_path):
         loader.load_ddpjobs(str(tmp_path / "missing.yaml"))
 
 
+def test_load_ddpjobs_validates_each_document_once(tmp_path, monkeypatch):
+    second = textwrap.dedent(VALID).replace("name: mnist", "name: second")
+    f = _write(tmp_path, "jobs.yaml", textwrap.dedent(VALID) + "---\n" + second)
+    checked = []
+    real = validation.defaulted_manifest
+
+    def counting(obj, old=None):
+        checked.append(obj["metadata"]["name"])
+        return real(obj, old)
+
+    monkeypatch.setattr(validation, "defaulted_manifest", counting)
+    jobs = loader.load_ddpjobs(f, default_namespace="ns")
+    assert [(j.name, j.namespace) for j in jobs] == [("mnist", "ns"), ("second", "ns")]
+    assert checked == ["mnist", "second"]
+    assert jobs[0] == validation.parse_ddpjob(yaml.safe_load(textwrap.dedent(VALID)), default_namespace="ns")
+
+
 # ---------------------------------------------------------------------------------------------
 # One loader for every command: the same file gets the same one-line verdict and exit 2 from
 # validate, render and run (run used to crash on non-UTF-8 and to accept a repeated key).
@@ -337,26 +354,26 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path):
 # ---------------------------------------------------------------------------------------------
 def test_every_problem_is_reported_in_one_go_field_errors_and_rules_alike():
     manifest, expected = several_problems_case()
-    problems = schema.validate_ddpjob(manifest)
+    problems = validation.validate_ddpjob(manifest)
     assert sorted(p.path for p in problems) == sorted(expected), problems
     for problem in problems:
         assert expected[problem.path] in problem.message, problem
 
 
 def test_a_rule_with_malformed_input_is_skipped_not_guessed():
-    problems = schema.validate_ddpjob(with_changes({"spec.env": [{"value": "x"}, {"name": "RANK"}],
+    problems = validation.validate_ddpjob(with_changes({"spec.env": [{"value": "x"}, {"name": "RANK"}],
                                                     "metadata.name": 7}))
     assert [p.path for p in problems] == ["metadata.name", "spec.env[0].name", "spec.env[1].name"]
 
 
 @pytest.mark.parametrize("case", update_table(), ids=lambda c: c.id)
 def test_an_edit_is_judged_against_the_stored_job(case):
-    assert schema.validate_ddpjob(case.old) == []
-    problems = schema.validate_ddpjob(case.new, case.old)
+    assert validation.validate_ddpjob(case.old) == []
+    problems = validation.validate_ddpjob(case.new, case.old)
     assert [p.path for p in problems] == ([case.path] if case.path else []), problems
     assert all(case.message in p.message for p in problems)
     # Without the stored object, the same manifest is a valid create.
-    assert schema.validate_ddpjob(case.new) == []
+    assert validation.validate_ddpjob(case.new) == []
 
 
 def test_the_update_table_covers_every_pod_shaping_field_rule_it_needs():

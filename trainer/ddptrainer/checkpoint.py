@@ -13,6 +13,12 @@ and the one on SIGTERM are blocking: the file is on disk before the process exit
 
 On resume rank 0 picks the file and every rank loads that same file (on a shared volume a
 late directory listing on another node could otherwise pick an older one).
+
+Each checkpoint records its job (``ownership``: ``step-N.pt.owner`` beside it, a copy in it). A
+job resumes only its own checkpoints and prunes only its own; a folder that holds only another
+job's is refused at start (ConfigError, exit 2) unless ``adopt`` (``--adopt-checkpoints``) says
+to resume from them on purpose. Checkpoints without a record predate ownership: resumed with a
+warning (and recorded as this job's then), never pruned.
 """
 from __future__ import annotations
 
@@ -27,16 +33,21 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .distributed import DistContext, first_line
-from . import disk_full
-from .errors import CheckpointError, ConfigError, DiskFullError
+from .distributed import DistContext
+from .text import first_line
+from . import disk_full, ownership
+from .errors import CheckpointError, ConfigError, DiskFullError, TrainerError
+from .ownership import Owner, Recorded
 
 #: 2: progress within the epoch in samples (``samples_in_epoch``); 1 stored batches
 #: (``batch_in_epoch``), still read: see samples_in_epoch().
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
-_TEMP = re.compile(r"^\.step-\d{8,}\.pt\.tmp-\d+$")
+_RECORD = re.compile(r"^step-(\d{8,})\.pt\.owner$")
+#: A writer's temp file (checkpoint or owner record), tagged with its owner (ownership.temp_path).
+_TEMP = re.compile(r"^\.step-\d{8,}\.pt(?:\.owner)?\.tmp-([0-9a-f]{12})-\d+$")
+ANYONE = Owner()  # a plain run outside any job: what callers that name no owner write as
 
 
 def checkpoint_path(folder: str, step: int) -> str:
@@ -62,13 +73,21 @@ def latest_checkpoint(folder: str) -> Optional[str]:
     return found[-1][1] if found else None
 
 
-def write_atomic(state: dict, path: str, keep: Optional[int] = None) -> None:
-    """Temp file, fsync, rename. A full volume raises DiskFullError (the others propagate)."""
+def write_atomic(state: dict, path: str, keep: Optional[int] = None,
+                 owner: Optional[Owner] = None) -> None:
+    """Temp file, fsync, rename. A full volume raises DiskFullError (the others propagate).
+
+    With ``owner``, its record goes first: a checkpoint is never visible without its owner.
+    """
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    tmp = ownership.temp_path(path, owner or ANYONE)
     before = disk_full.free_bytes(folder)
+    if owner is not None:
+        _refuse_to_overwrite_anothers(path, owner)
     try:
+        if owner is not None:
+            ownership.write_record(path, owner)
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
@@ -77,6 +96,8 @@ def write_atomic(state: dict, path: str, keep: Optional[int] = None) -> None:
     except Exception as e:
         after = disk_full.free_bytes(folder)  # measured with the partial temp file still there
         needed = disk_full.state_bytes(state)
+        if owner is not None and not os.path.exists(path):
+            _unlink(ownership.record_path(path))  # the record of a checkpoint that never came
         if disk_full.is_disk_full(e, needed, before and before[0], after and after[0]):
             raise DiskFullError(disk_full.message(path, needed, before, after, keep)) from e
         raise
@@ -93,12 +114,75 @@ def write_atomic(state: dict, path: str, keep: Optional[int] = None) -> None:
         pass
 
 
-def prune(folder: str, keep: int) -> None:
-    for _step, path in list_checkpoints(folder)[:-keep]:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+@dataclass
+class Survey:
+    """The checkpoints of a folder (oldest first), by whose they are."""
+
+    own: list[tuple[int, str]]
+    unrecorded: list[tuple[int, str]]  # no owner record: written before checkpoints had one
+    foreign: list[tuple[int, str, Recorded]]  # another job's, or a record that cannot be read
+    own_orphan_records: list[tuple[int, str]]  # own records whose checkpoint is gone
+
+
+def survey(folder: str, owner: Owner) -> Survey:
+    """Read every owner record in ``folder`` (small, bounded reads; never the checkpoints)."""
+    found = Survey([], [], [], [])
+    try:
+        names = set(os.listdir(folder))
+    except FileNotFoundError:
+        return found
+    for step, path in list_checkpoints(folder):
+        recorded = ownership.read_record(path)
+        if recorded is None:
+            found.unrecorded.append((step, path))
+        elif isinstance(recorded, Owner) and owner.owns(recorded):
+            found.own.append((step, path))
+        else:
+            found.foreign.append((step, path, recorded))
+    for name in names:
+        m = _RECORD.match(name)
+        if m and name[:-len(ownership.SUFFIX)] not in names:
+            path = os.path.join(folder, name[:-len(ownership.SUFFIX)])
+            recorded = ownership.read_record(path)
+            if isinstance(recorded, Owner) and owner.owns(recorded):
+                found.own_orphan_records.append((int(m.group(1)), path))
+    return found
+
+
+def _refuse_to_overwrite_anothers(path: str, owner: Owner) -> None:
+    """Two jobs writing in one folder (both started on it at once, say) reach the same step
+    names: the second must not replace the first's file. ConfigError: a restart would too."""
+    if not os.path.exists(path):
+        return
+    recorded = ownership.read_record(path)
+    if isinstance(recorded, Owner) and owner.owns(recorded):
+        return
+    whose = recorded.describe() if recorded is not None else (
+        "a run from before checkpoints recorded their owner")
+    raise ConfigError(
+        f"--checkpoint-dir: {path} already exists and belongs to {whose}; this is "
+        f"{owner.describe()}: another job writes checkpoints in {os.path.dirname(path)}, and "
+        "its file is left alone. Give each job its own --checkpoint-dir")
+
+
+def prune(folder: str, keep: int, owner: Owner = ANYONE) -> None:
+    """Delete ``owner``'s checkpoints but the newest ``keep``; nobody else's, and none without
+    an owner record (they may be another job's from before checkpoints recorded one)."""
+    found = survey(folder, owner)
+    for _step, path in found.own[:-keep]:
+        _unlink(path)
+        _unlink(ownership.record_path(path))  # after the checkpoint: never one without a record
+    oldest_kept = found.own[-keep:][0][0] if found.own else None
+    for step, path in found.own_orphan_records:  # a writer died between the two renames
+        if oldest_kept is not None and step < oldest_kept:
+            _unlink(ownership.record_path(path))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def read(path: str) -> dict:
@@ -170,17 +254,18 @@ class BackgroundWriter:
 
     def __init__(self) -> None:
         self._thread: Optional[threading.Thread] = None
-        self._error: Optional[CheckpointError] = None
+        self._error: Optional[TrainerError] = None
 
-    def submit(self, state: dict, path: str, folder: str, keep: int) -> None:
+    def submit(self, state: dict, path: str, folder: str, keep: int,
+               owner: Owner = ANYONE) -> None:
         self._join()
 
         def write() -> None:
             try:
-                write_atomic(state, path, keep)
-                prune(folder, keep)
-            except CheckpointError as e:  # reported by the next wait()
-                self._error = e
+                write_atomic(state, path, keep, owner)
+                prune(folder, keep, owner)
+            except TrainerError as e:  # reported by the next wait(): a CheckpointError, or
+                self._error = e  # the ConfigError of a file that is another job's
             except Exception as e:
                 self._error = CheckpointError(f"writing {path} failed: {first_line(e)}")
 
@@ -193,7 +278,7 @@ class BackgroundWriter:
             self._thread.join()
             self._thread = None
 
-    def wait(self) -> Optional[CheckpointError]:
+    def wait(self) -> Optional[TrainerError]:
         """Wait for the write in flight; the error of the writes since the last wait, if any."""
         self._join()
         error, self._error = self._error, None
@@ -201,8 +286,10 @@ class BackgroundWriter:
 
 
 def save(ctx: DistContext, folder: str, keep: int, state: dict,
-         writer: Optional[BackgroundWriter] = None, blocking: bool = True) -> str:
+         writer: Optional[BackgroundWriter] = None, blocking: bool = True,
+         owner: Owner = ANYONE) -> str:
     """Collective: every rank calls it with the same step. Returns the path (being) written.
+    The file is ``owner``'s: recorded beside it and in it; pruning deletes only its files.
 
     ``blocking=False`` (with a writer) returns once rank 0 holds a host copy; the file appears
     when the writer thread is done.
@@ -211,18 +298,19 @@ def save(ctx: DistContext, folder: str, keep: int, state: dict,
     path = checkpoint_path(folder, state["step"])
     error = None
     if ctx.is_main:
-        full = {**state, "format": FORMAT_VERSION, "rng": rngs, "world_size": ctx.world_size}
+        full = {**state, "format": FORMAT_VERSION, "rng": rngs, "world_size": ctx.world_size,
+                "owner": owner.as_dict()}
         writer = writer or BackgroundWriter()
         error = writer.wait()  # the previous write: its failure is reported now
         if error is None:
-            writer.submit(_host_copy(full), path, folder, keep)
+            writer.submit(_host_copy(full), path, folder, keep, owner)
             if blocking:
                 error = writer.wait()
     _raise_on_every_rank(ctx, error)
     return path
 
 
-def _raise_on_every_rank(ctx: DistContext, error: Optional[CheckpointError]) -> None:
+def _raise_on_every_rank(ctx: DistContext, error: Optional[TrainerError]) -> None:
     """Collective: rank 0's outcome of a write (the broadcast is also the barrier)."""
     if ctx.distributed:
         box = [error]
@@ -237,9 +325,11 @@ def flush(ctx: DistContext, writer: BackgroundWriter) -> None:
     _raise_on_every_rank(ctx, writer.wait() if ctx.is_main else None)
 
 
-def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Optional[str]]:
+def prepare_folder(ctx: DistContext, folder: str, owner: Owner = ANYONE,
+                   adopt: bool = False) -> tuple[Optional[str], Optional[str]]:
     """Collective: rank 0 creates ``folder``, checks it can write there and picks the newest
-    checkpoint; every rank gets (problem or None, newest path or None).
+    checkpoint this job may resume (``resume_candidates``); every rank gets (problem or None,
+    newest path or None). A folder that holds only another job's checkpoints is a problem.
 
     Checked at start, so a read-only volume fails in seconds rather than at the first save;
     picked by rank 0 alone, so every rank loads the same file even when a shared volume shows
@@ -251,8 +341,11 @@ def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Option
             os.makedirs(folder, exist_ok=True)
             if not os.access(folder, os.W_OK | os.X_OK):
                 problem = f"{folder} is not writable by uid {os.getuid()}"
-            newest = latest_checkpoint(folder)
-            _remove_stale_temp_files(folder)
+            else:
+                candidates, problem = resume_candidates(folder, survey(folder, owner), owner,
+                                                        adopt)
+                newest = candidates[-1][1] if candidates else None
+                _remove_stale_temp_files(folder, owner)
         except OSError as e:
             problem = f"{folder} cannot be created: {e.strerror or e}"
     if ctx.distributed:
@@ -262,14 +355,44 @@ def prepare_folder(ctx: DistContext, folder: str) -> tuple[Optional[str], Option
     return problem, newest
 
 
-def _remove_stale_temp_files(folder: str) -> None:
-    """Temp files of writers that died mid-write (a crash, SIGKILL): nobody will finish them."""
+def resume_candidates(folder: str, found: Survey, owner: Owner,
+                      adopt: bool) -> tuple[list[tuple[int, str]], Optional[str]]:
+    """The checkpoints this job may resume from (oldest first), or a problem that says why not.
+
+    Its own, when it has any (a restart). Otherwise those without a record, unless another
+    job's are there too: then the folder is that job's, and resuming it (or starting next to
+    it) is refused unless ``adopt``, which makes every checkpoint there a candidate.
+    """
+    if found.own:
+        return found.own, None
+    if found.foreign and not adopt:
+        return [], foreign_folder_problem(folder, found.foreign, owner)
+    foreign = [(step, path) for step, path, _ in found.foreign]
+    return sorted(found.unrecorded + foreign), None
+
+
+def foreign_folder_problem(folder: str, foreign: list[tuple[int, str, Recorded]],
+                           owner: Owner) -> str:
+    _step, newest, recorded = foreign[-1]
+    whose = recorded.describe() if recorded is not None else "another job"
+    others = {r for _s, _p, r in foreign} - {recorded}
+    also = f" (and {len(others)} other owner(s))" if others else ""
+    return (f"{folder} holds checkpoints of {whose}{also} (newest "
+            f"{os.path.basename(newest)}); this is {owner.describe()}. A job resumes only its "
+            "own checkpoints and never deletes another's, so it will not start here. Give each "
+            "job its own folder (--checkpoint-dir=/checkpoints/$(DDPJOB_NAME) in the job's "
+            "args), or pass --adopt-checkpoints to resume from them on purpose (the same job "
+            "created again, a copied folder)")
+
+
+def _remove_stale_temp_files(folder: str, owner: Owner) -> None:
+    """Temp files of this job's writers that died mid-write (a crash, SIGKILL): nobody will
+    finish them. Another job's (another tag) may be being written right now: left alone, as
+    are untagged ones, from versions before owner tags."""
     for name in os.listdir(folder):
-        if _TEMP.match(name):
-            try:
-                os.unlink(os.path.join(folder, name))
-            except OSError:
-                pass
+        m = _TEMP.match(name)
+        if m and m.group(1) == owner.tag():
+            _unlink(os.path.join(folder, name))
 
 
 def unloadable_reason(error: BaseException, path: str) -> Optional[str]:
@@ -299,8 +422,7 @@ def unloadable_reason(error: BaseException, path: str) -> Optional[str]:
     text = str(error)
     if "zip archive" in text or "central directory" in text or "PytorchStreamReader" in text:
         return "truncated or damaged (its zip archive cannot be read)"
-    first = text.strip().splitlines()[0][:200] if text.strip() else ""
-    return f"cannot be loaded ({type(error).__name__}: {first})"
+    return f"cannot be loaded ({type(error).__name__}: {first_line(text, 200)})"
 
 
 @dataclass
@@ -312,19 +434,27 @@ class Resumable:
     state: Optional[dict] = None
 
 
-def find_resumable(ctx: DistContext, folder: str) -> Resumable:
-    """Collective: the newest checkpoint in ``folder`` that loads, damaged newer ones set aside.
+def find_resumable(ctx: DistContext, folder: str, owner: Owner = ANYONE,
+                   adopt: bool = False) -> Resumable:
+    """Collective: the newest checkpoint in ``folder`` that loads and this job may resume
+    (``resume_candidates``), damaged newer ones set aside.
 
     Rank 0 reads the candidates newest first. A file that can never load is renamed to
     ``<name>.corrupt`` (kept for inspection, never picked again: not a ``step-N.pt`` name) and
     named in a warning, and the next older one is tried. When none loads, nothing is renamed
     and every rank raises ConfigError (exit 2: a restart would read the same bytes); a read
-    that failed for another reason is a retryable CheckpointError.
+    that failed for another reason is a retryable CheckpointError. A file without an owner
+    record whose own dict names another job (copied without its record) is refused as that
+    job's; one resumed that was not this job's (no record, or adopted) is recorded as its own.
     """
     found, error = Resumable(None, []), None
     if ctx.is_main:
         damaged: list[tuple[str, str]] = []
-        for _step, path in reversed(list_checkpoints(folder)):
+        listing = survey(folder, owner)
+        candidates, problem = resume_candidates(folder, listing, owner, adopt)
+        if problem:
+            error = ConfigError(f"--checkpoint-dir: {problem}")
+        for _step, path in reversed(candidates if error is None else []):
             try:
                 found.state, found.path = read(path), path
                 break
@@ -343,6 +473,8 @@ def find_resumable(ctx: DistContext, folder: str) -> Resumable:
         elif error is None:
             for path, reason in damaged:
                 found.notes.append(_set_aside(path, reason, found.path))
+            if found.path is not None:
+                error = _take_ownership(folder, found, listing, owner, adopt)
     if ctx.distributed:
         box = [(found.path, found.notes, error)]
         dist.broadcast_object_list(box, src=0, group=ctx.control_group)
@@ -350,6 +482,46 @@ def find_resumable(ctx: DistContext, folder: str) -> Resumable:
     if error is not None:
         raise error
     return found
+
+
+def _take_ownership(folder: str, found: Resumable, listing: Survey, owner: Owner,
+                    adopt: bool) -> Optional[ConfigError]:
+    """Rank 0, once the file to resume is loaded: make sure it may be, say what is unusual,
+    and record a file resumed that was not this job's as its own (then pruned as its own)."""
+    assert found.path is not None and found.state is not None
+    path, name = found.path, os.path.basename(found.path)
+    if listing.foreign and listing.own:
+        found.notes.append(
+            f"warning: {folder} also holds {len(listing.foreign)} checkpoint(s) of other jobs "
+            f"(newest {os.path.basename(listing.foreign[-1][1])}, "
+            f"{_describe(listing.foreign[-1][2])}); this job resumes and prunes only its own")
+    if any(p == path for _s, p in listing.own):
+        return None
+    inside = ownership.recorded_in_state(found.state)
+    foreign = [(s, p, r) for s, p, r in listing.foreign if p == path]
+    if foreign:
+        note = f"resuming from {name} of {_describe(foreign[0][2])} (--adopt-checkpoints)"
+    elif inside is None:
+        note = (f"warning: checkpoint {path} records no owner (written before checkpoints "
+                "recorded one); resuming from it as this job's")
+    elif isinstance(inside, Owner) and owner.owns(inside):
+        note = f"warning: checkpoint {path} had lost its owner record (it names this job inside)"
+    elif not adopt:  # its record was lost (a file copied alone): its bytes still say whose
+        problem = foreign_folder_problem(folder, [(0, path, inside)], owner)
+        return ConfigError(f"--checkpoint-dir: {problem}")
+    else:
+        note = f"resuming from {name} of {inside.describe()} (--adopt-checkpoints)"
+    try:
+        ownership.write_record(path, owner)
+        note += "; it is this job's from now on"
+    except OSError as e:
+        note += f"; its owner record could not be written ({e.strerror or e}), so it is never pruned"
+    found.notes.append(note)
+    return None
+
+
+def _describe(recorded: Recorded) -> str:
+    return recorded.describe() if recorded is not None else "no recorded owner"
 
 
 def _set_aside(path: str, reason: str, instead: Optional[str]) -> str:

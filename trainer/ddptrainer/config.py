@@ -17,6 +17,7 @@ from typing import Mapping, Optional, Sequence
 from ddpjob import contract
 
 from .errors import ConfigError
+from .ownership import Owner, from_environment
 
 MODELS = ("tiny-cnn", "resnet18", "resnet34", "resnet50", "resnet101")
 DATASETS = ("fake", "mnist", "cifar10")
@@ -96,6 +97,12 @@ class TrainConfig:
     """Newest checkpoints kept; older ones are deleted after a save."""
     resume: bool = True
     """Resume from the newest checkpoint in checkpoint_dir, if any."""
+    adopt_checkpoints: bool = False
+    """Resume from another job's checkpoints when the folder holds none of this job's (the same
+    job created again, a copied folder); by default such a folder is refused."""
+    owner: Owner = Owner()
+    """The job this process belongs to (DDPJOB_NAMESPACE, DDPJOB_NAME, DDPJOB_UID): whose its
+    checkpoints are. Empty: a plain run outside any DDPJob."""
     log_every: int = 10
     """Progress line every this many steps (the loss is averaged across ranks only then)."""
     log_format: str = "text"
@@ -243,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-every", type=num, default=200, help="steps; 0: epoch ends only")
     g.add_argument("--keep-checkpoints", type=num, default=2)
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--adopt-checkpoints", action="store_true",
+                   help="resume from another job's checkpoints in --checkpoint-dir when it holds "
+                   "none of this job's (refused by default)")
     g.add_argument("--log-every", type=num, default=10)
     g.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     g.add_argument("--termination-log", metavar="PATH",
@@ -302,6 +312,8 @@ def parse_config(argv: Optional[Sequence[str]] = None,
         checkpoint_every=ns.checkpoint_every,
         keep_checkpoints=ns.keep_checkpoints,
         resume=ns.resume,
+        adopt_checkpoints=ns.adopt_checkpoints,
+        owner=from_environment(env),
         log_every=ns.log_every,
         log_format=ns.log_format,
         collective_timeout_seconds=ns.collective_timeout_seconds,

@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision import datasets, transforms
 
 from .config import TrainConfig
-from .distributed import DistContext, barrier, first_line
+from .distributed import DistContext, barrier
+from .text import first_line
 from .errors import DataMissingError
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",

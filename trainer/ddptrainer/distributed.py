@@ -23,6 +23,7 @@ from ddpjob import contract
 
 from .config import TrainConfig
 from .errors import ConfigError, RendezvousTimeoutError, is_collective_failure
+from .text import BadInteger, env_int, first_line
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,10 @@ class DistContext:
 
 
 def _int_env(env: Mapping[str, str], name: str) -> Optional[int]:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return None
     try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"--local-rank: environment {name}={raw!r} is not an integer") from None
+        return env_int(env, name)
+    except BadInteger as e:
+        raise ConfigError(f"--local-rank: environment {e.name}={e.raw!r} is not an integer") from None
 
 
 def resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
@@ -135,7 +133,3 @@ def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier(group=ctx.control_group)
 
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__

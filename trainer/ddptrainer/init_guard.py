@@ -34,7 +34,6 @@ import importlib.abc
 import inspect
 import ipaddress
 import os
-import socket
 import sys
 import threading
 import time
@@ -47,10 +46,9 @@ from ddpjob import contract
 from ddpjob.contract import ExitCode
 
 from . import summary
+from .text import env_int
 
 PREFIX = "ddptrain-pod: init guard"
-#: Files a refusing or timed-out process leaves in the pod entry point's summary folder.
-VERDICT_PREFIX = "guard-"
 DEFAULT_TIMEOUT_SECONDS = 600
 _TARGET_MODULE = "torch.distributed"
 #: How long a process that started a process group waits at exit, the GIL released, before the
@@ -93,23 +91,21 @@ class InitCall:
     master_port: Optional[int]
 
 
-def _int(text: Optional[str]) -> Optional[int]:
-    try:
-        return int(text) if text not in (None, "") else None
-    except ValueError:
-        return None
+def _int(values: Mapping[str, str], name: str, default: Optional[int] = None) -> Optional[int]:
+    """The guard only checks: a value it cannot read is one it does not judge (None)."""
+    return env_int(values, name, default, invalid=None)
 
 
 def job_world(environ: Mapping[str, str]) -> Optional[JobWorld]:
     """None outside a DDPJob (no PET_NNODES): the guard then checks nothing."""
-    nnodes = _int(environ.get(contract.PET_NNODES))
+    nnodes = _int(environ, contract.PET_NNODES)
     if nnodes is None:
         return None
-    timeout = _int(environ.get(contract.DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS)) or DEFAULT_TIMEOUT_SECONDS
-    return JobWorld(nnodes=nnodes, node_rank=_int(environ.get(contract.PET_NODE_RANK)) or 0,
-                    nproc_per_node=_int(environ.get(contract.PET_NPROC_PER_NODE, "1")),
+    timeout = _int(environ, contract.DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS) or DEFAULT_TIMEOUT_SECONDS
+    return JobWorld(nnodes=nnodes, node_rank=_int(environ, contract.PET_NODE_RANK) or 0,
+                    nproc_per_node=_int(environ, contract.PET_NPROC_PER_NODE, 1),
                     master_addr=environ.get(contract.PET_MASTER_ADDR) or None,
-                    master_port=_int(environ.get(contract.PET_MASTER_PORT)),
+                    master_port=_int(environ, contract.PET_MASTER_PORT),
                     timeout_seconds=float(timeout))
 
 
@@ -123,15 +119,15 @@ def describe_call(arguments: Mapping[str, Any], environ: Mapping[str, str]) -> I
     if arguments.get("store") is not None:
         return InitCall(world, rank, None, None)
     if init_method in (None, "env://"):
-        return InitCall(world if world is not None else _int(environ.get(contract.WORLD_SIZE)),
-                        rank if rank is not None else _int(environ.get(contract.RANK)),
-                        environ.get(contract.MASTER_ADDR), _int(environ.get(contract.MASTER_PORT)))
+        return InitCall(world if world is not None else _int(environ, contract.WORLD_SIZE),
+                        rank if rank is not None else _int(environ, contract.RANK),
+                        environ.get(contract.MASTER_ADDR), _int(environ, contract.MASTER_PORT))
     url = urlparse(str(init_method))
-    query = parse_qs(url.query)
+    query = {name: values[0] for name, values in parse_qs(url.query).items()}
     if world is None:
-        world = _int((query.get("world_size") or [None])[0])
+        world = _int(query, "world_size")
     if rank is None:
-        rank = _int((query.get("rank") or [None])[0])
+        rank = _int(query, "rank")
     if url.scheme == "tcp":
         return InitCall(world, rank, url.hostname, url.port)
     return InitCall(world, rank, None, None)
@@ -185,39 +181,19 @@ def refusal_message(call: InitCall, job: JobWorld, problems: list[str], where: s
     return "\n".join(lines)
 
 
-def verdict_path(folder: str) -> str:
-    return os.path.join(folder, f"{VERDICT_PREFIX}{os.getpid()}.txt")
-
-
 def read_verdicts(folder: Optional[str]) -> list[tuple[int, str]]:
-    """(exit code, message) left by guarded processes, permanent codes first."""
-    found: list[tuple[int, str]] = []
-    if not folder:
-        return found
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return found
-    for name in names:
-        if not (name.startswith(VERDICT_PREFIX) and name.endswith(".txt")):
-            continue
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                head, _, message = f.read().partition("\n")
-            found.append((int(head), message.strip()))
-        except (OSError, ValueError):
-            continue
-    found.sort(key=lambda v: (v[0] not in contract.DEFAULT_PERMANENT_EXIT_CODES, v[0]))
-    return found
+    """(exit code, message) left by guarded processes, the root cause first (the contract's
+    ranking: permanent codes first)."""
+    verdicts = [e for e in summary.read_endings(folder) if e.is_guard_verdict]
+    verdicts.sort(key=lambda e: contract.failure_rank(e.code))
+    return [(e.code, e.message) for e in verdicts]
 
 
 def _leave_verdict_and_exit(code: int, message: str) -> None:
     """Say why, leave the verdict for the pod entry point, and exit now: a hung rendezvous
     holds the main thread in C++, so neither an exception nor sys.exit would get through."""
     print(message, file=sys.stderr, flush=True)
-    folder = os.environ.get(summary.ENV_SUMMARY_DIR)
-    if folder:
-        summary.write_termination_message(f"{code}\n{message}", verdict_path(folder), True)
+    summary.leave_ending(code, message, rank=None)
     try:
         sys.stdout.flush()
     except Exception:  # noqa: BLE001 - exiting anyway
@@ -232,19 +208,6 @@ def _caller() -> str:
         if "/torch/" not in name and not name.endswith("init_guard.py"):
             return f"{frame.filename}:{frame.lineno}"
     return "?"
-
-
-def wait_until_resolves(host: str, deadline: float) -> None:
-    """In a cluster node 0's DNS record can appear after the others start, and torch treats a
-    failed lookup as fatal (pytorch/pytorch#73682): wait for the name, within the bound."""
-    while True:
-        try:
-            socket.getaddrinfo(host, None)
-            return
-        except OSError:
-            if time.monotonic() >= deadline:
-                return  # torch will say what is wrong
-            time.sleep(1.0)
 
 
 def guard(real: Callable[..., Any], environ: Optional[Mapping[str, str]] = None) -> Callable[..., Any]:
@@ -271,10 +234,10 @@ def guard(real: Callable[..., Any], environ: Optional[Mapping[str, str]] = None)
             where = f"rank={call.rank}, world_size={call.world_size}, master={call.master_addr}:{call.master_port}"
             _leave_verdict_and_exit(int(ExitCode.BAD_CONFIG),
                                     refusal_message(call, job, problems, where) + f" [called at {_caller()}]")
-        started = time.monotonic()
-        deadline = started + job.timeout_seconds
-        if job.nnodes > 1 and call.master_addr:
-            wait_until_resolves(call.master_addr, deadline)
+        # No wait for the master's name here: torch's TCPStore retries a name that does not
+        # resolve yet until the timeout (pytorch/pytorch#73682, fixed by #74641; shown for the
+        # pinned torch by tests/multiprocess/test_trainer_dns.py), and the timer below bounds it.
+        deadline = time.monotonic() + job.timeout_seconds
         message = (f"rendezvous timeout: init_process_group(rank={call.rank}, world_size="
                    f"{call.world_size}, master={call.master_addr}:{call.master_port}) did not "
                    f"complete within {job.timeout_seconds:.0f}s "

@@ -22,6 +22,7 @@ from .errors import (ConfigError, DataMissingError, DiskFullError, PeerLostError
                      TrainerError, is_collective_failure)
 from .preemption import StopRequest
 from .progress import Progress
+from .text import env_int, first_line
 from .train import Trainer, TrainResult
 
 # Errors every rank hits identically (or gets from rank 0): one line per node is enough.
@@ -36,8 +37,8 @@ _process_group_started = False
 def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
     """Train; return the exit code. Never raises (except SystemExit for --help)."""
     env = os.environ if environ is None else environ
-    rank = _env_int(env, contract.RANK)
-    local_rank = _env_int(env, contract.LOCAL_RANK)
+    rank = env_int(env, contract.RANK, invalid=None)
+    local_rank = env_int(env, contract.LOCAL_RANK, invalid=None)
     config: Optional[TrainConfig] = None
     ctx = None
     code, text, skip_teardown = int(ExitCode.SUCCESS), "", False
@@ -70,13 +71,13 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         code, text = 130, "interrupted (SIGINT twice)"
     except Exception as e:  # noqa: BLE001 - the last line of defence picks the exit code
         if ctx is not None and ctx.distributed and is_collective_failure(e):
-            lost = PeerLostError(f"rank {rank}: {_first_line(e)}")
+            lost = PeerLostError(f"rank {rank}: {first_line(e)}")
             code, text = lost.exit_code, f"{lost.kind}: {lost.message}"
             # A process group whose peer is gone can block in destroy (NCCL); exiting frees it.
             skip_teardown = True
             print(f"ddptrain: error: {text}", file=sys.stderr, flush=True)
         else:
-            code, text = int(ExitCode.FAILURE), f"unexpected error: rank {rank}: {_first_line(e)}"
+            code, text = int(ExitCode.FAILURE), f"unexpected error: rank {rank}: {first_line(e)}"
             traceback.print_exc()
     finally:
         if not skip_teardown:
@@ -102,7 +103,7 @@ def _report_done(progress: Progress, result: TrainResult, world_size: int) -> st
 
 def _leave_summary(text: str, code: int, rank: Optional[int], config: Optional[TrainConfig],
                    env: Mapping[str, str]) -> None:
-    if summary.write_rank_summary(text, rank or 0, env):
+    if summary.leave_ending(code, text, rank or 0, env):
         return  # ddptrain-pod composes the pod's message from the workers'
     if (rank or 0) == 0 or code != 0:
         path, explicit = summary.resolve_termination_log(
@@ -110,20 +111,8 @@ def _leave_summary(text: str, code: int, rank: Optional[int], config: Optional[T
         summary.write_termination_message(f"ddptrain: {text}", path, explicit)
 
 
-def _env_int(env: Mapping[str, str], name: str) -> Optional[int]:
-    try:
-        return int(env[name])
-    except (KeyError, ValueError):
-        return None
-
-
 def _loss(loss: Optional[float]) -> str:
     return "n/a" if loss is None else f"{loss:.4f}"
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -45,16 +45,15 @@ from ddpjob import contract
 from ddpjob.contract import ExitCode
 
 from . import init_guard, report, summary
-from .rendezvous_wait import MasterUnreachable, wait_for_master
+from .rendezvous_wait import MasterUnreachable, wait_for_master, wait_for_master_attempt
+from .restart_control import (EntryControl, RestartSettings, clear_progress, read_restart_settings,
+                              stopper)
+from .summary import WorkerEnding
+from .text import BadInteger, env_int, first_line
 
 PROG = "ddptrain-pod"
 DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS = 600
 TRAINER_MODULE = "ddptrainer.main"
-
-# Exit codes that are consequences of another rank's failure, least informative last.
-_CONSEQUENCES = (int(ExitCode.PREEMPTED), int(ExitCode.RENDEZVOUS_TIMEOUT),
-                 int(ExitCode.PEER_LOST))
-
 
 class PodUsageError(Exception):
     """A bad pod option or environment value (exit 2)."""
@@ -161,16 +160,11 @@ def parse_pod_args(argv: Sequence[str]) -> PodArgs:
 
 def read_node_env(environ: Mapping[str, str], pod: PodArgs) -> NodeEnv:
     def get_int(name: str, default: int, low: int) -> int:
-        raw = environ.get(name)
-        if raw in (None, ""):
-            return default
         try:
-            value = int(raw)
-        except ValueError:
-            raise PodUsageError(f"{name}={raw!r}: must be an integer") from None
-        if value < low:
-            raise PodUsageError(f"{name}={raw!r}: must be >= {low}")
-        return value
+            value = env_int(environ, name, minimum=low)
+        except BadInteger as e:
+            raise PodUsageError(str(e)) from None
+        return default if value is None else value
 
     timeout = pod.rendezvous_timeout_seconds or get_int(
         contract.DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS, DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS, 1)
@@ -184,6 +178,11 @@ def read_node_env(environ: Mapping[str, str], pod: PodArgs) -> NodeEnv:
                    master_addr=environ.get(contract.PET_MASTER_ADDR) or None,
                    master_port=get_int(contract.PET_MASTER_PORT, contract.DEFAULT_MASTER_PORT, 1),
                    rendezvous_timeout_seconds=timeout)
+
+
+def _master_progress_port(env: Mapping[str, str]) -> int:
+    port = env_int(env, contract.DDPJOB_PROGRESS_PORT, 0, invalid=0) or 0
+    return env_int(env, contract.DDPJOB_MASTER_PROGRESS_PORT, port, invalid=port) or port
 
 
 def torchrun_argv(pod: PodArgs, node: NodeEnv, environ: Mapping[str, str]) -> list[str]:
@@ -243,48 +242,44 @@ def choose_exit_code(failures: Mapping[int, Any]) -> tuple[int, int]:
     """
     def key(item: tuple[int, Any]) -> tuple[int, int, float, int]:
         rank, failure = item
-        code = normalize_exit_code(int(failure.exitcode))
-        if code in contract.DEFAULT_PERMANENT_EXIT_CODES:
-            klass, sub = 0, 0
-        elif code in _CONSEQUENCES:
-            klass, sub = 2, _CONSEQUENCES.index(code)
-        else:
-            klass, sub = 1, 0
-        return klass, sub, float(getattr(failure, "timestamp", 0) or 0), rank
+        return contract.failure_rank(normalize_exit_code(int(failure.exitcode)),
+                                     when=getattr(failure, "timestamp", None), order=rank)
 
     rank, failure = min(failures.items(), key=key)
     return rank, normalize_exit_code(int(failure.exitcode))
 
 
 class _Terminated(Exception):
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, message: str = ""):
         super().__init__(f"signal {signum}")
         self.signum = signum
+        self.message = message
+
+
+class _RestartOrdered(Exception):
+    """The operator ordered a restart while this attempt was starting (InPlace mode)."""
 
 
 def _raise_terminated(signum: int, _frame: Any) -> NoReturn:
     raise _Terminated(signum)
 
 
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__
-
-
 def _log(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
-def _worker_note(summaries: Mapping[int, str], rank: Optional[int]) -> str:
-    if rank is not None and rank in summaries:
-        return summaries[rank]
-    if summaries:
-        return summaries[min(summaries)]
+def _worker_note(endings: Sequence[WorkerEnding], rank: Optional[int]) -> str:
+    """What trainer rank ``rank`` said as it ended, else the lowest rank that said anything."""
+    said = {e.rank: e.message for e in endings if not e.is_guard_verdict}
+    if rank is not None and rank in said:
+        return said[rank]
+    if said:
+        return said[min(said)]  # type: ignore[type-var]
     return ""
 
 
 def _summary_dir() -> Optional[str]:
-    """A private folder for the workers' summaries; None (no summaries) on a read-only /tmp."""
+    """A private folder for the workers' endings; None (no endings) on a read-only /tmp."""
     try:
         return tempfile.mkdtemp(prefix="ddptrain-pod-")
     except OSError:
@@ -303,35 +298,30 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         signal.signal(sig, _raise_terminated)
     pod: Optional[PodArgs] = None
     node_rank = 0
-    summary_dir = _summary_dir()
     code, message = 0, ""
     try:
         pod = resolve_launch(parse_pod_args(raw), env)
         node = read_node_env(env, pod)
         node_rank = node.node_rank
+        try:
+            restart = read_restart_settings(env, _log)
+        except BadInteger as e:
+            raise PodUsageError(str(e)) from None
         _log(f"node_rank={node.node_rank} nnodes={node.nnodes} nproc_per_node="
              f"{node.nproc_per_node} master={node.master_addr or 'localhost'}:"
              f"{node.master_port} rendezvous_timeout={node.rendezvous_timeout_seconds}s "
              f"run={pod.kind}:{pod.target} launcher={pod.launcher}"
-             + (f" local_rank_flag={pod.local_rank_flag}" if pod.local_rank_flag else ""))
+             + (f" local_rank_flag={pod.local_rank_flag}" if pod.local_rank_flag else "")
+             + (f" restart=InPlace wait={restart.wait_seconds}s grace={restart.grace_seconds}s"
+                if restart else ""))
         mismatch = contract_mismatch(env)
         if mismatch:
             _log(mismatch)
-        _serve_progress(env)
-        if node.node_rank != 0 and node.master_addr:
-            waited = wait_for_master(node.master_addr, node.master_port,
-                                     node.rendezvous_timeout_seconds, _log)
-            _log(f"master {node.master_addr}:{node.master_port} is up ({waited.address}); "
-                 "starting torchrun")
-        if summary_dir:
-            os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
-        # Every Python process started from here on runs under the init guard.
-        os.environ.update(init_guard.guarded_environment(env))
-        if pod.launcher == contract.LAUNCHER_SPAWN:
-            code, message = _run_once(pod, node, summary_dir)
+        control = _serve_progress(env, restart)
+        if control is None or restart is None:
+            code, message = _run_attempt(pod, node, env, None)
         else:
-            code, message = _run_torchrun(pod, node, env, summary_dir)
-        code, message = _guard_verdict(code, message, summary_dir)
+            code, message = _run_attempts(pod, node, env, control, restart)
     except PodUsageError as e:
         code, message = int(ExitCode.BAD_CONFIG), f"bad configuration: {e}"
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
@@ -339,33 +329,147 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         code, message = int(ExitCode.RENDEZVOUS_TIMEOUT), f"rendezvous timeout: {e}"
         _log(message)
     except _Terminated as e:
-        code, message = 128 + e.signum, f"stopped by signal {e.signum} before training started"
+        code = 128 + e.signum
+        message = e.message or f"stopped by signal {e.signum} before training started"
         _log(message)
-    finally:
-        if summary_dir:
-            shutil.rmtree(summary_dir, ignore_errors=True)
-    path, explicit = summary.resolve_termination_log(pod.termination_log if pod else None, env)
-    summary.write_termination_message(f"{PROG}: node {node_rank}: exit {code}: {message}",
-                                      path, explicit)
+    _write_termination(pod, node_rank, env, code, message)
     return code
 
 
-def _serve_progress(env: Mapping[str, str]) -> None:
-    """Serve the workers' progress reports for the operator to poll (docs/contract.md)."""
-    directory = env.get(contract.DDPJOB_PROGRESS_DIR)
+def _write_termination(pod: Optional[PodArgs], node_rank: int, env: Mapping[str, str],
+                       code: int, message: str) -> None:
+    path, explicit = summary.resolve_termination_log(pod.termination_log if pod else None, env)
+    summary.write_termination_message(f"{PROG}: node {node_rank}: exit {code}: {message}",
+                                      path, explicit)
+
+
+def _run_attempt(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
+                 control: Optional[EntryControl], attempt: int = 0) -> tuple[int, str]:
+    """One attempt: wait for the master (nodes other than 0), run the workers, read their end."""
+    summary_dir = _summary_dir()
     try:
-        port = int(env.get(contract.DDPJOB_PROGRESS_PORT) or 0)
-    except ValueError:
-        port = 0
-    if not directory or port <= 0:
+        if node.node_rank != 0 and node.master_addr:
+            if control is not None:
+                wait_for_master_attempt(node.master_addr, _master_progress_port(env), attempt,
+                                        node.rendezvous_timeout_seconds, _log)
+            waited = wait_for_master(node.master_addr, node.master_port,
+                                     node.rendezvous_timeout_seconds, _log)
+            _log(f"master {node.master_addr}:{node.master_port} is up ({waited.address}); "
+                 "starting torchrun")
+        if summary_dir:
+            os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
+        else:
+            os.environ.pop(summary.ENV_SUMMARY_DIR, None)
+        _offer_stacks(control, summary_dir)
+        # Every Python process started from here on runs under the init guard.
+        os.environ.update(init_guard.guarded_environment(env))
+        if pod.launcher == contract.LAUNCHER_SPAWN:
+            code, message = _run_once(pod, node, summary_dir, control)
+        else:
+            code, message = _run_torchrun(pod, node, env, summary_dir, control)
+        return _guard_verdict(code, message, summary_dir)
+    finally:
+        if control is not None:
+            control.stacks.directory = None
+        os.environ.pop(contract.DDPJOB_STACKS_DIR, None)
+        if summary_dir:
+            shutil.rmtree(summary_dir, ignore_errors=True)
+
+
+def _offer_stacks(control: Optional[EntryControl], summary_dir: Optional[str]) -> None:
+    """Where the workers dump their stacks on SIGUSR1 (ddptrainer.stacks), for GET /stacks: only
+    where the operator can ask (a restart token), in the attempt's private folder."""
+    os.environ.pop(contract.DDPJOB_STACKS_DIR, None)
+    if control is None or not summary_dir:
         return
+    directory = os.path.join(summary_dir, "stacks")
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError as e:
-        _log(f"progress reports are off: cannot create {directory}: {e}")
+        _log(f"stacks are off for this attempt: cannot create {directory}: {e}")
         return
-    if report.serve_progress(directory, port) is None:
-        _log(f"progress reports are off: port {port} is taken")
+    os.environ[contract.DDPJOB_STACKS_DIR] = directory
+    control.stacks.directory = directory
+
+
+def _serve_progress(env: Mapping[str, str],
+                    restart: Optional["RestartSettings"] = None) -> Optional[EntryControl]:
+    """Serve the workers' progress reports for the operator to poll (docs/contract.md), and in
+    InPlace mode the restart protocol on the same port: its EntryControl, else None."""
+    directory = env.get(contract.DDPJOB_PROGRESS_DIR) or ""
+    port = env_int(env, contract.DDPJOB_PROGRESS_PORT, 0, invalid=0) or 0
+    if port <= 0 or not (directory or restart):
+        return None
+    if directory:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            _log(f"progress reports are off: cannot create {directory}: {e}")
+            if restart is None:
+                return None
+    control = None
+    if restart is not None:
+        control = EntryControl(restart.first_attempt, restart.token)
+        control.stop_workers = stopper(control, restart.grace_seconds, _log)
+    if report.serve_progress(directory, port, control=control) is None:
+        _log(f"progress reports are off: port {port} is taken"
+             + ("; no in-place restart either" if control else ""))
+        return None
+    return control
+
+
+def _run_attempts(pod: PodArgs, node: NodeEnv, env: Mapping[str, str], control: EntryControl,
+                  restart: RestartSettings) -> tuple[int, str]:
+    """InPlace mode: attempts until one succeeds, fails permanently, waits for an order in
+    vain, or the kubelet's SIGTERM ends the pod (``_Terminated``, exit 143 as before)."""
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGTERM and control.claim_self_signal():
+            if control.active:
+                raise _RestartOrdered
+            return  # the attempt ended meanwhile: the loop sees the order
+        control.end()
+        raise _Terminated(signum)
+
+    attempt = restart.first_attempt
+    os.environ[contract.DDPJOB_RESTART_ATTEMPT] = str(attempt)
+    while True:
+        code, message = 0, ""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        control.workers_active(True)
+        try:
+            code, message = _run_attempt(pod, node, env, control, attempt)
+        except _RestartOrdered:
+            pass
+        except MasterUnreachable as e:
+            code, message = int(ExitCode.RENDEZVOUS_TIMEOUT), f"rendezvous timeout: {e}"
+            _log(message)
+        finally:
+            control.workers_active(False)
+            # torchrun's handlers (and spawn's forwarding ones) outlive the attempt
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, on_signal)
+        if control.ordered is None:
+            if code == 0 or contract.is_permanent_exit(code, restart.permanent_codes):
+                return code, message
+            control.fail(code, message)
+            _write_termination(pod, node.node_rank, env, code, message)
+            _log(f"attempt {attempt} failed (exit {code}); waiting up to "
+                 f"{restart.wait_seconds}s for a restart order")
+            try:
+                ordered = control.wait_for_order(restart.wait_seconds)
+            except _Terminated as e:
+                raise _Terminated(e.signum, f"stopped by signal {e.signum} while waiting for a "
+                                  f"restart order; attempt {attempt} had failed: {message}") from None
+            if ordered is None:
+                _log(f"no restart order within {restart.wait_seconds}s: exiting {code}")
+                return code, message
+        attempt = control.ordered or attempt + 1
+        clear_progress(env.get(contract.DDPJOB_PROGRESS_DIR))
+        os.environ[contract.DDPJOB_RESTART_ATTEMPT] = str(attempt)
+        control.begin(attempt)
+        _log(f"restarting in place: attempt {attempt}")
 
 
 def _guard_verdict(code: int, message: str, summary_dir: Optional[str]) -> tuple[int, str]:
@@ -382,7 +486,8 @@ def _guard_verdict(code: int, message: str, summary_dir: Optional[str]) -> tuple
     return verdict_code, verdict_message
 
 
-def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str]) -> tuple[int, str]:
+def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str],
+              control: Optional[EntryControl] = None) -> tuple[int, str]:
     """launcher spawn: the script once; its exit code is the node's.
 
     The script and the processes it spawns stay in our process group, so that whoever stops
@@ -398,7 +503,11 @@ def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str]) -> tuple[
     child = subprocess.Popen(argv, start_new_session=not leader)
     group = os.getpgrp() if leader else child.pid
 
+    terminated: list[int] = []
+
     def forward(signum: int, _frame: Any) -> None:
+        if not (control is not None and signum == signal.SIGTERM and control.claim_self_signal()):
+            terminated.append(signum)  # not a restart order's: the pod ends
         signal.signal(signum, signal.SIG_IGN)  # our group includes us: once is enough
         try:
             os.killpg(group, signum)
@@ -413,8 +522,11 @@ def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str]) -> tuple[
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
     code = normalize_exit_code(returncode)
-    notes = summary.read_rank_summaries(summary_dir) if summary_dir else {}
-    note = _worker_note(notes, None)
+    note = _worker_note(summary.read_endings(summary_dir), None)
+    if control is not None and terminated:
+        control.end()
+        raise _Terminated(terminated[0], f"stopped by signal {terminated[0]}; the script exited "
+                          f"{code}" + (f": {note}" if note else ""))
     if code == 0:
         return 0, note or "completed"
     message = f"the script exited {code} ({contract.describe_exit_code(code)})" + (f": {note}" if note else "")
@@ -423,7 +535,8 @@ def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str]) -> tuple[
 
 
 def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
-                  summary_dir: Optional[str]) -> tuple[int, str]:
+                  summary_dir: Optional[str],
+                  control: Optional[EntryControl] = None) -> tuple[int, str]:
     # Imported late: waiting for the master should not pay for importing torch.
     import torch.distributed.run as torchrun
     from torch.distributed import DistError
@@ -431,9 +544,9 @@ def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    # Workers inherit os.environ (run() put the summary folder and the guard there).
-    def summaries() -> dict[int, str]:
-        return summary.read_rank_summaries(summary_dir) if summary_dir else {}
+    # Workers inherit os.environ (run() put the endings' folder and the guard there).
+    def endings() -> list[WorkerEnding]:
+        return summary.read_endings(summary_dir)
 
     args = torchrun.parse_args(torchrun_argv(pod, node, env))
     started = time.monotonic()
@@ -442,7 +555,7 @@ def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
     except ChildFailedError as e:
         rank, code = choose_exit_code(e.failures)
         failure = e.failures[rank]
-        note = (_worker_note(summaries(), rank)
+        note = (_worker_note(endings(), rank)
                 # torchrun's message is a real one only when the worker left an error file
                 or (failure.message if failure.exitcode < 0
                     or os.path.isfile(failure.error_file or "") else "")
@@ -455,17 +568,24 @@ def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
         return code, message
     except SignalException as e:
         code = 128 + int(e.sigval)
-        note = _worker_note(summaries(), None)
+        note = _worker_note(endings(), None)
+        if control is not None and int(e.sigval) == signal.SIGTERM and control.claim_self_signal():
+            message = f"stopped for a restart order; workers were asked to save: {note}"
+            _log(message)
+            return code, message
         message = f"stopped by signal {int(e.sigval)}; workers were asked to save: {note}"
         _log(message)
+        if control is not None:  # the kubelet's: the pod ends, in any state
+            control.end()
+            raise _Terminated(int(e.sigval), message) from None
         return code, message
     except (RendezvousError, DistError) as e:
         waited = time.monotonic() - started
         message = (f"rendezvous timeout: the {node.nnodes} nodes did not meet within "
-                   f"{waited:.0f}s: {_first_line(e)}")
+                   f"{waited:.0f}s: {first_line(e)}")
         _log(message)
         return int(ExitCode.RENDEZVOUS_TIMEOUT), message
-    note = _worker_note(summaries(), None)
+    note = _worker_note(endings(), None)
     return 0, note or "completed"
 
 

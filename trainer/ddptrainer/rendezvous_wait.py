@@ -1,19 +1,25 @@
 """Wait, bounded and logged, until the master's name resolves and its port accepts connections.
 
-A worker pod often starts before node 0's pod has an IP, so its DNS record does not exist yet,
-and torch's TCPStore treats a failed lookup as fatal ("host not found",
-kubeflow/pytorch-operator#125, pytorch/pytorch#73682). A resolving name is not enough either:
-the port opens only when torchrun starts on node 0 (kubeflow/pytorch-operator#333). So we wait
-for both, with backoff, and give up after the rendezvous timeout (exit 12, retryable).
+A worker pod often starts before node 0's pod has an IP, so its DNS record does not exist yet
+("host not found", kubeflow/pytorch-operator#125), and the port opens only when torchrun starts
+on node 0 (kubeflow/pytorch-operator#333). Torch's TCPStore retries both by itself nowadays
+(a failed lookup was fatal before pytorch/pytorch#74641, #73682;
+tests/multiprocess/test_trainer_dns.py shows the pinned torch retrying), but silently: this
+wait, before torchrun starts, logs what it waits for and ends in exit 12 (retryable) with a
+message that names the master after the rendezvous timeout. It is the only DNS wait.
 
 Standard library only.
 """
 from __future__ import annotations
 
+import http.client
 import socket
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
+
+from ddpjob import contract
+from ddpjob.contract import EntryState
 
 
 class MasterUnreachable(Exception):
@@ -83,3 +89,47 @@ def wait_for_master(host: str, port: int, timeout_seconds: float,
                 f"({attempts} attempts): {problem}")
         sleep(max(0.0, min(interval, deadline - now)))
         interval = min(interval * 2, max_interval)
+
+
+def ask_attempt(host: str, port: int, timeout: float = 2.0) -> tuple[Optional[EntryState], str]:
+    """One ``GET /attempt`` of an entry point: (its state, "") or (None, what failed); the
+    problem is "" too when it answered but not in the protocol (another image's server)."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", contract.ATTEMPT_PATH)
+        response = connection.getresponse()
+        body = response.read(contract.MAX_ENTRY_ANSWER_BYTES + 1)
+    except (OSError, http.client.HTTPException) as e:
+        return None, f"{host}:{port}{contract.ATTEMPT_PATH} does not answer ({e})"
+    finally:
+        connection.close()
+    return (contract.parse_entry_state(body) if response.status == 200 else None), ""
+
+
+def wait_for_master_attempt(host: str, port: int, attempt: int, timeout_seconds: float,
+                            log: Callable[[str], None] = print, *, interval: float = 0.5,
+                            clock: Callable[[], float] = time.monotonic,
+                            sleep: Callable[[float], None] = time.sleep) -> None:
+    """Return once node 0's entry point runs ``attempt`` or a later one (``InPlace`` mode).
+
+    Its rendezvous port alone does not say which attempt opened it: while node 0 is still
+    stopping the previous attempt, the port is the previous attempt's, and joining it would
+    fail this one. A master that answers outside the protocol is not waited for."""
+    deadline = clock() + timeout_seconds
+    logged = ""
+    while True:
+        state, problem = ask_attempt(host, port, min(2.0, max(0.1, deadline - clock())))
+        if state is None and not problem:
+            log(f"master {host}:{port} does not say its attempt; not waiting for it")
+            return
+        if state is not None:
+            if state.attempt >= attempt and state.state == contract.ENTRY_RUNNING:
+                return
+            problem = f"the master is {state.state} at attempt {state.attempt}"
+        if problem != logged:
+            log(f"waiting for the master to run attempt {attempt}: {problem}")
+            logged = problem
+        if clock() >= deadline:
+            raise MasterUnreachable(f"the master {host} did not run attempt {attempt} within "
+                                    f"{timeout_seconds:.0f}s: {problem}")
+        sleep(interval)

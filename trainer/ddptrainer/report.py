@@ -26,9 +26,14 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ddpjob import contract
+
+from .text import env_int
+
+if TYPE_CHECKING:
+    from .restart_control import EntryControl
 
 _last_write: dict[str, float] = {}
 
@@ -62,10 +67,7 @@ def _reporting_rank(rank: Optional[int], env: Mapping[str, str]) -> int:
     started = _process_group_rank()
     if started is not None:
         return started
-    try:
-        return int(env.get(contract.RANK, "0"))
-    except ValueError:
-        return 0
+    return env_int(env, contract.RANK, 0, invalid=0) or 0
 
 
 def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Optional[int] = None,
@@ -100,20 +102,56 @@ def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Opti
     return True
 
 
-def serve_progress(directory: str, port: int, host: str = "0.0.0.0") -> Optional[ThreadingHTTPServer]:
-    """Serve ``GET /progress`` on ``port`` from a daemon thread; None if the port is taken."""
+def serve_progress(directory: str, port: int, host: str = "0.0.0.0",
+                   control: Optional["EntryControl"] = None) -> Optional[ThreadingHTTPServer]:
+    """Serve ``GET /progress`` on ``port`` from a daemon thread; None if the port is taken.
+
+    With ``control`` (the pod entry point in ``InPlace`` mode) the same server also answers
+    ``GET /ready``, ``GET /attempt``, ``POST /restart`` (ddptrainer.restart_control) and
+    ``GET /stacks`` (ddptrainer.stacks)."""
+    from . import restart_control, stacks
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = restart_control.REQUEST_TIMEOUT_SECONDS  # a slow client cannot hold a thread
+
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
-            if self.path.split("?")[0] != contract.PROGRESS_PATH:
+            path = self.path.split("?")[0]
+            if path == contract.PROGRESS_PATH:
+                self._answer(200, {"ranks": contract.read_progress_reports(directory)})
+                return
+            if control is not None and path == contract.STACKS_PATH:
+                self.close_connection = True
+                self._answer(*stacks.answer_stacks(control.authorized, self.headers, control.stacks))
+                return
+            answer = restart_control.answer_get(control, path) if control else None
+            if answer is None:
                 self.send_error(404)
                 return
-            body = json.dumps({"ranks": contract.read_progress_reports(directory)}).encode()
-            self.send_response(200)
+            self._answer(*answer)
+
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            path = self.path.split("?")[0]
+            if control is None or path != contract.RESTART_PATH:
+                self.close_connection = True
+                self.send_error(405 if path in (contract.PROGRESS_PATH, contract.READY_PATH,
+                                                contract.ATTEMPT_PATH, contract.STACKS_PATH) else 404)
+                return
+            try:
+                status, body = restart_control.answer_restart(control, self.headers,
+                                                              self.rfile.read)
+            except OSError:  # the body did not come within the timeout
+                self.close_connection = True
+                return
+            self.close_connection = True  # an unread body must not be taken for a request
+            self._answer(status, body)
+
+        def _answer(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(data)
 
         def log_message(self, *_: Any) -> None:  # the operator polls: keep the pod log clean
             pass

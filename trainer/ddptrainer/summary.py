@@ -9,14 +9,15 @@ Standard library only: the pod entry point uses it before torch is imported.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from ddpjob import contract
 
 MAX_TERMINATION_MESSAGE_BYTES = 4096
 
-#: Set by ddptrain-pod for its workers: each writes ``rank-<RANK>.txt`` there, and the pod
-#: entry point composes the pod's termination message from them.
+#: Set by ddptrain-pod for its workers: each leaves its ending there (``leave_ending``), and
+#: the pod entry point composes the pod's termination message from them.
 ENV_SUMMARY_DIR = "DDPTRAINER_SUMMARY_DIR"
 
 
@@ -64,28 +65,68 @@ def write_termination_message(text: str, path: str, explicit: bool) -> bool:
         return False
 
 
-def write_rank_summary(text: str, rank: int, environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Under ddptrain-pod: leave this worker's summary for the pod entry point."""
+@dataclass(frozen=True)
+class WorkerEnding:
+    """Why one process of the pod ended, in its own words: the one channel from a worker to the
+    pod entry point (besides its exit status). One file in the folder ``ENV_SUMMARY_DIR`` names:
+    the exit code on the first line, the message after it."""
+
+    code: int
+    message: str
+    rank: Optional[int]
+    """The global rank of a trainer process; None for an init guard's verdict (written before
+    the process had a rank it could trust: mp.spawn children inherit the pod's RANK)."""
+
+    @property
+    def is_guard_verdict(self) -> bool:
+        """The init guard refused a world or timed out a rendezvous and ended the process: its
+        code is the node's, whatever the processes above it report (an mp.spawn parent says
+        only "a child failed", 1)."""
+        return self.rank is None
+
+
+_RANK_PREFIX = "rank-"
+_GUARD_PREFIX = "guard-"
+_SUFFIX = ".txt"
+
+
+def leave_ending(code: int, message: str, rank: Optional[int],
+                 environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Under ddptrain-pod: leave this process's ending for the pod entry point (False: not
+    under it, or the folder is not writable). ``rank`` None: an init guard's verdict."""
     env = os.environ if environ is None else environ
     folder = env.get(ENV_SUMMARY_DIR)
     if not folder:
         return False
-    return write_termination_message(text, os.path.join(folder, f"rank-{rank}.txt"), True)
+    name = f"{_GUARD_PREFIX}{os.getpid()}" if rank is None else f"{_RANK_PREFIX}{int(rank)}"
+    return write_termination_message(f"{int(code)}\n{message}",
+                                     os.path.join(folder, name + _SUFFIX), True)
 
 
-def read_rank_summaries(folder: str) -> dict[int, str]:
-    """Global rank -> summary text, for the workers that left one."""
-    found: dict[int, str] = {}
+def read_endings(folder: Optional[str]) -> list[WorkerEnding]:
+    """The endings the pod's processes left in ``folder``, trainer ranks by rank, then the
+    guard's verdicts; files that are not an ending are skipped. Each is read only up to the
+    termination message's size (what was written was cut there)."""
+    found: list[WorkerEnding] = []
     try:
-        names = os.listdir(folder)
+        names = sorted(os.listdir(folder)) if folder else []
     except OSError:
         return found
     for name in names:
-        if name.startswith("rank-") and name.endswith(".txt"):
-            try:
-                rank = int(name[len("rank-"):-len(".txt")])
-                with open(os.path.join(folder, name), encoding="utf-8") as f:
-                    found[rank] = f.read().strip()
-            except (ValueError, OSError):
+        if not name.endswith(_SUFFIX):
+            continue
+        key = name[:-len(_SUFFIX)]
+        try:
+            if key.startswith(_RANK_PREFIX):
+                rank: Optional[int] = int(key[len(_RANK_PREFIX):])
+            elif key.startswith(_GUARD_PREFIX):
+                rank = None
+            else:
                 continue
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                head, _, message = f.read(MAX_TERMINATION_MESSAGE_BYTES + 1).partition("\n")
+            found.append(WorkerEnding(int(head), message.strip(), rank))
+        except (OSError, ValueError):
+            continue
+    found.sort(key=lambda e: (e.rank is None, e.rank or 0))
     return found

@@ -83,7 +83,8 @@ class Trainer:
         self.last_throughput: Optional[float] = None  # samples per second, last log window
         self.resumed_from: Optional[str] = None
         self.writer = checkpoint.BackgroundWriter()
-        problem, newest = checkpoint.prepare_folder(ctx, config.checkpoint_dir)
+        problem, newest = checkpoint.prepare_folder(ctx, config.checkpoint_dir, config.owner,
+                                                    config.adopt_checkpoints)
         if problem:
             raise ConfigError(f"--checkpoint-dir: {problem}")
         if newest and not config.resume:
@@ -116,7 +117,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> None:
-        found = checkpoint.find_resumable(self.ctx, self.config.checkpoint_dir)
+        found = checkpoint.find_resumable(self.ctx, self.config.checkpoint_dir,
+                                          self.config.owner, self.config.adopt_checkpoints)
         self.notes.extend(found.notes)
         if found.path is None:
             return  # the files went between the listing and now: start from scratch
@@ -170,7 +172,8 @@ class Trainer:
                  "compat": _compatibility(self.config, self.data),
                  "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         path = checkpoint.save(self.ctx, self.config.checkpoint_dir,
-                               self.config.keep_checkpoints, state, self.writer, blocking)
+                               self.config.keep_checkpoints, state, self.writer, blocking,
+                               self.config.owner)
         self.last_saved_step, self.last_checkpoint = self.step, path
         return path
 

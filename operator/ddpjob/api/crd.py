@@ -3,23 +3,25 @@
 ``make generate`` (``python -m ddpjob.api.generate``) writes manifests/crd.yaml and docs/api.md;
 a unit test fails when either differs from what the model generates. The ``spec`` schema comes
 from ``ddpjob.api.spec`` and the ``status`` schema from ``ddpjob.api.status``, both through
-``ddpjob.api.schema``.
+``ddpjob.api.openapi``.
 """
 from __future__ import annotations
 
-
-
 from ddpjob.api import names
-from ddpjob.api import schema
+from ddpjob.api import openapi
 from ddpjob.api import spec
-from ddpjob.api.schema import to_yaml
+from ddpjob.api.openapi import to_yaml
 
 
 def printer_columns() -> list[dict]:
     return [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "ready nodes / nodes"},
-        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts",
+         "description": "gang restarts after failures of the job's own (failurePolicy.maxRestarts)"},
+        # Beside Restarts: whose fault the restarts were (failurePolicy.maxDisruptions).
+        {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions",
+         "description": "gang restarts after preemption, eviction, a lost node, an unhealthy device"},
         {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary",
          "description": "step/total steps (percent), as the ranks report it"},
         {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta",
@@ -28,6 +30,8 @@ def printer_columns() -> list[dict]:
         {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "priority": 1},
         {"name": "Throughput", "type": "number", "jsonPath": ".status.progress.throughput",
          "description": "samples per second", "priority": 1},
+        {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.percent", "priority": 1,
+         "description": "share of the wall time spent training (status.goodput)"},
         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
         # The Kueue LocalQueue a job is queued through (docs/kueue.md): in the plain view, so that
         # a Queued job says where it waits; empty for a job without one.
@@ -50,10 +54,10 @@ def object_schema() -> dict:
             # only name/generateName may be declared here.
             "metadata": {"type": "object", "properties": {"name": {"type": "string"},
                                                          "generateName": {"type": "string"}}},
-            "spec": schema.spec_schema(),
-            "status": schema.status_schema(),
+            "spec": openapi.spec_schema(),
+            "status": openapi.status_schema(),
         },
-        "x-kubernetes-validations": [schema.rule_schema(r) for r in spec.OBJECT_RULES],
+        "x-kubernetes-validations": [openapi.rule_schema(r) for r in spec.OBJECT_RULES],
     }
 
 

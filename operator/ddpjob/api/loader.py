@@ -8,7 +8,7 @@ file, the document and the field. What it refuses, whoever asks:
 * text that is not UTF-8 (with the byte offset);
 * YAML that does not parse (line and column), or that repeats a key (the API server would keep
   the last value silently; a reader of the file would believe the first);
-* a file without any DDPJob; every DDPJob problem ``ddpjob.api.schema`` finds.
+* a file without any DDPJob; every DDPJob problem ``ddpjob.api.validation`` finds.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from typing import Any, Mapping, Optional, TextIO
 import yaml
 
 from ddpjob.api import names
-from ddpjob.api import schema
 from ddpjob.api import spec
+from ddpjob.api import validation
 
 STDIN = "-"
 #: The API server refuses a request body over 3 MiB, so no object in a larger file could be
@@ -158,16 +158,25 @@ def problems_by_document(documents: list[Document], stored: Optional[Mapping[tup
 
     ``stored``: DDPJobs as the API server holds them, by (namespace, name) (see
     ``stored_by_name``); a document naming one of them is checked as an update of it."""
+    skipped, checked = _check_documents(documents, stored)
+    return skipped, [(doc, problems) for doc, problems, _ in checked]
+
+
+def _check_documents(documents: list[Document], stored: Optional[Mapping[tuple, Any]] = None,
+                     ) -> tuple[list[Document], list[tuple[Document, list[str], dict]]]:
+    """``problems_by_document``, with each DDPJob document's defaulted manifest (what
+    ``validation.job_from_manifest`` builds the job from when there is no problem)."""
     skipped, checked = [], []
     for doc in documents:
         if not is_meant_as_ddpjob(doc.obj):
             skipped.append(doc)
         elif not isinstance(doc.obj, dict):
             checked.append((doc, [f"not a Kubernetes object (a mapping with apiVersion and kind), "
-                                  f"got {schema.describe_value(doc.obj)}"]))
+                                  f"got {validation.describe_value(doc.obj)}"], {}))
         else:
             old = _stored_for(doc.obj, stored or {})
-            checked.append((doc, [str(p) for p in schema.validate_ddpjob(doc.obj, old)]))
+            manifest, problems = validation.defaulted_manifest(doc.obj, old)
+            checked.append((doc, [str(p) for p in problems], manifest))
     return skipped, checked
 
 
@@ -201,13 +210,15 @@ def load_ddpjobs(filename: str, *, default_namespace: str = "default",
             documents = read_documents(filename, stdin)
         except ManifestError as exc:
             raise ManifestError(f"{name}: {exc}") from None
-    skipped, checked = problems_by_document(documents)
-    lines = [f"{name}: {doc.label()}: {p}" for doc, problems in checked for p in problems]
+    skipped, checked = _check_documents(documents)
+    lines = [f"{name}: {doc.label()}: {p}" for doc, problems, _ in checked for p in problems]
     if not checked:
         lines.append(no_ddpjob_line(name, skipped))
     if lines:
         raise ManifestError("\n".join(lines))
-    return [schema.parse_ddpjob(doc.obj, default_namespace=default_namespace) for doc, _ in checked]
+    # Each document was validated once, above: build the jobs from what that check defaulted.
+    return [validation.job_from_manifest(manifest, default_namespace=default_namespace)
+            for _, _, manifest in checked]
 
 
 def no_ddpjob_line(name: str, skipped: list[Document]) -> str:

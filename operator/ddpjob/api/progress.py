@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from ddpjob.api import spec
-from ddpjob.api.status import Progress
+from ddpjob.api.status import Progress, format_time, listed, parse_time
 
 _LISTED_RANKS = 8  # ranks named in a message before "and N more"
 
@@ -51,6 +51,10 @@ class GangProgress:
     #: (step, when) of the furthest rank at the first poll that had reports: the pace since then
     #: gives the ETA.
     first: Optional[tuple[int, dt.datetime]] = None
+    #: When this operator process first saw the attempt (after a restart of the operator: its
+    #: first pass). Silence is counted from no earlier than this: what the status recorded
+    #: before an outage is no evidence that the gang is silent now (``stall``).
+    watched_since: Optional[dt.datetime] = None
 
     @property
     def last_report_at(self) -> Optional[dt.datetime]:
@@ -63,29 +67,62 @@ class GangProgress:
         return min(self.ranks.values(), key=lambda r: (r.rank < 0, -r.step, r.rank), default=None)
 
 
+#: The status schema's integers are int64 (the API server refuses a larger one, and with it
+#: the whole status write): a reported integer outside 0 .. INT64_MAX is no value.
+INT64_MAX = 2 ** 63 - 1
+#: The oldest a report may claim to be (about 31 years): older is "very old", not an overflow.
+MAX_AGE_SECONDS = 1e9
+_RANK_DIGITS = 7  # spec.MAX_NNODES * spec.MAX_NPROC_PER_NODE < 10 ** 7
+
+
 def _opt_int(value: Any) -> Optional[int]:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A non-negative int64 (an integral float too), else None: nothing unrepresentable
+    reaches the status."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if 0 <= value <= INT64_MAX else None
 
 
 def _opt_float(value: Any) -> Optional[float]:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a double
+            return None
+        return number if math.isfinite(number) else None
     return None
 
 
-def parse_answer(body: Any, observed_at: dt.datetime) -> dict[int, RankReport]:
-    """A pod's ``/progress`` answer -> its ranks' reports; anything malformed is left out."""
-    ranks = body.get("ranks") if isinstance(body, Mapping) else None
+def _rank(key: Any) -> Optional[int]:
+    """A rank key: a short run of ASCII digits ("3"), nothing else (int() also takes " 3",
+    "3_0" and other scripts' digits)."""
+    if isinstance(key, str) and 0 < len(key) <= _RANK_DIGITS and key.isascii() and key.isdigit():
+        return int(key)
+    return None
+
+
+def parse_answer(body: Any, observed_at: dt.datetime,
+                 ranks: Optional[range] = None) -> dict[int, RankReport]:
+    """A pod's ``/progress`` answer -> its ranks' reports; anything malformed is left out, and
+    never more than that report (an odd field, or an odd report, costs only itself).
+
+    ``ranks``: the ranks the pod hosts; a report of any other rank is ignored (a pod speaks
+    only for its own ranks, so the reports kept per job never outnumber the job's world)."""
+    reported = body.get("ranks") if isinstance(body, Mapping) else None
+    if not isinstance(reported, Mapping):
+        return {}
     out: dict[int, RankReport] = {}
-    for key, report in (ranks or {}).items():
-        try:
-            rank = int(key)
-        except (TypeError, ValueError):
+    for key, report in reported.items():
+        rank = _rank(key)
+        if rank is None or (ranks is not None and rank not in ranks) or not isinstance(report, Mapping):
             continue
-        step, age = _opt_int((report or {}).get("step")), _opt_float((report or {}).get("age_seconds"))
-        if step is None or age is None or rank < 0:
+        step, age = _opt_int(report.get("step")), _opt_float(report.get("age_seconds"))
+        if step is None or age is None:
             continue
-        out[rank] = RankReport(rank=rank, step=step, at=observed_at - dt.timedelta(seconds=max(0.0, age)),
+        age = min(max(0.0, age), MAX_AGE_SECONDS)
+        out[rank] = RankReport(rank=rank, step=step, at=observed_at - dt.timedelta(seconds=age),
                                total_steps=_opt_int(report.get("total_steps")),
                                epoch=_opt_int(report.get("epoch")), epochs=_opt_int(report.get("epochs")),
                                loss=_opt_float(report.get("loss")),
@@ -103,20 +140,28 @@ def merge(previous: Optional[GangProgress], attempt: int,
         for rank, report in answer.items():
             if rank not in ranks or report.at >= ranks[rank].at:
                 ranks[rank] = report
-    merged = GangProgress(attempt=attempt, ranks=ranks, first=first)
+    watched_since = previous.watched_since if same else None
+    merged = GangProgress(attempt=attempt, ranks=ranks, first=first, watched_since=watched_since)
     leader = merged.leader
     if first is None and leader is not None:
-        merged = GangProgress(attempt=attempt, ranks=ranks, first=(leader.step, leader.at))
+        merged = replace(merged, first=(leader.step, leader.at))
     return merged
 
 
-def from_status(progress: Optional[Progress], attempt: int) -> Optional[GangProgress]:
-    """After an operator restart: the last report the status recorded, so the stall clock does
-    not start over (or, worse, take a job that reported for one that never did)."""
-    if progress is None or progress.attempt != attempt or not progress.lastReportTime:
-        return None
-    at = dt.datetime.fromisoformat(progress.lastReportTime.replace("Z", "+00:00"))
-    return GangProgress(attempt=attempt, ranks={-1: RankReport(rank=-1, step=progress.step, at=at)})
+def from_status(progress: Optional[Progress], attempt: int, watched_since: dt.datetime) -> GangProgress:
+    """What this operator process knows of the attempt when it first sees it (``watched_since``):
+    the last report the status recorded, if it is this attempt's, so that a job that reported is
+    never taken for one that never did (the first-report bound does not apply to it again).
+
+    That report dates the silence no earlier than ``watched_since`` (``stall``): after an
+    outage longer than progressTimeoutSeconds the status' last report is old whatever the
+    gang does now, and judging from it would restart healthy gangs before any pod was asked.
+    A gang that really hung is still found: one progressTimeout after the operator is back."""
+    at = parse_time(progress.lastReportTime) if progress is not None else None
+    if progress is None or progress.attempt != attempt or at is None:
+        return GangProgress(attempt=attempt, watched_since=watched_since)
+    return GangProgress(attempt=attempt, ranks={-1: RankReport(rank=-1, step=progress.step, at=at)},
+                        watched_since=watched_since)
 
 
 def format_duration(seconds: float) -> str:
@@ -131,8 +176,7 @@ def format_duration(seconds: float) -> str:
     return f"{secs}s"
 
 
-def to_status(progress: GangProgress, *, running: bool, format_time: Any,
-              previous: Optional[Progress] = None) -> Optional[Progress]:
+def to_status(progress: GangProgress, *, running: bool, previous: Optional[Progress] = None) -> Optional[Progress]:
     """``status.progress`` from the reports; the ETA only while the gang runs."""
     leader = progress.leader
     if leader is None:
@@ -159,7 +203,8 @@ def _eta(progress: GangProgress, total: int) -> Optional[int]:
     if leader is None or first is None or leader.step <= first[0] or leader.at <= first[1]:
         return None
     per_step = (leader.at - first[1]).total_seconds() / (leader.step - first[0])
-    return int(round((total - leader.step) * per_step))
+    seconds = (total - leader.step) * per_step
+    return int(round(seconds)) if seconds <= INT64_MAX else None  # an int64 in the status
 
 
 @dataclass(frozen=True)
@@ -169,6 +214,7 @@ class Stall:
     message: str
     silent_ranks: tuple[int, ...]
     suspect_node: int
+    suspect_rank: Optional[int] = None  # the global rank to blame, where one stands out
 
 
 def stall(job: spec.DDPJob, progress: Optional[GangProgress], running_since: dt.datetime,
@@ -177,9 +223,10 @@ def stall(job: spec.DDPJob, progress: Optional[GangProgress], running_since: dt.
     policy = job.spec.failurePolicy
     world = job.spec.nnodes * job.spec.nprocPerNode
     reported = progress is not None and bool(progress.ranks)
+    watched = progress.watched_since if progress is not None else None
     if reported and policy.progressTimeoutSeconds:
         last = progress.last_report_at
-        left = policy.progressTimeoutSeconds - (now - last).total_seconds()
+        left = policy.progressTimeoutSeconds - (now - max(last, watched or last)).total_seconds()
         if left > 0:
             return None, left
         ranks = {r: rep for r, rep in progress.ranks.items() if r >= 0}
@@ -188,19 +235,25 @@ def stall(job: spec.DDPJob, progress: Optional[GangProgress], running_since: dt.
         never = sorted(set(range(world)) - set(ranks)) if ranks else []
         suspects = never or behind
         silent = tuple(sorted(set(range(world)))) if ranks else ()
-        lines = ", ".join(f"rank {r} step {rep.step} ({(now - rep.at).total_seconds():.0f}s ago)"
-                          for r, rep in sorted(ranks.items())[:_LISTED_RANKS])
-        more = len(ranks) - _LISTED_RANKS
+        lines = listed([f"rank {r} step {rep.step} ({(now - rep.at).total_seconds():.0f}s ago)"
+                        for r, rep in sorted(ranks.items())], _LISTED_RANKS)
         message = (f"no rank reported progress for {(now - last).total_seconds():.0f}s "
                    f"(failurePolicy.progressTimeoutSeconds {policy.progressTimeoutSeconds})")
+        if watched is not None and watched > last:
+            message += f" (and for the {(now - watched).total_seconds():.0f}s this operator has watched)"
         if lines:
-            message += f"; last reports: {lines}" + (f" and {more} more" if more > 0 else "")
+            message += f"; last reports: {lines}"
         if suspects:
             message += f"; behind the others: rank(s) {_ranks(suspects)}"
         suspect = (suspects[0] if suspects else 0) // job.spec.nprocPerNode
-        return Stall(message, silent, suspect), None
+        if suspects:
+            last = ranks.get(suspects[0])
+            message = (f"rank {suspects[0]} " + (f"last reported step {last.step}" if last else "never reported")
+                       + f"; {message}")
+        return Stall(message, silent, suspect, suspects[0] if suspects else None), None
     if not reported and policy.firstProgressTimeoutSeconds:
-        left = policy.firstProgressTimeoutSeconds - (now - running_since).total_seconds()
+        since = max(running_since, watched or running_since)
+        left = policy.firstProgressTimeoutSeconds - (now - since).total_seconds()
         if left > 0:
             return None, left
         message = (f"no rank reported progress within {policy.firstProgressTimeoutSeconds}s of every "
@@ -211,8 +264,6 @@ def stall(job: spec.DDPJob, progress: Optional[GangProgress], running_since: dt.
 
 
 def _ranks(ranks: Sequence[int] | range) -> str:
-    ranks = list(ranks)
-    shown = ", ".join(str(r) for r in ranks[:_LISTED_RANKS])
-    return shown + (f" and {len(ranks) - _LISTED_RANKS} more" if len(ranks) > _LISTED_RANKS else "")
+    return listed([str(r) for r in ranks], _LISTED_RANKS)
 
 

@@ -1,4 +1,12 @@
-"""The `ddpjob` command: validate, render and run DDPJobs (each subcommand lives in its own module)."""
+"""The `ddpjob` command: run a PyTorch DDP script on many Kubernetes nodes, or on this machine.
+
+  ddpjob submit train.py --nnodes 2 -- ARGS   run a local script or folder on the cluster
+  ddpjob run -f job.yaml                      run a DDPJob here, one process per node, no cluster
+  ddpjob validate -f job.yaml                 check a manifest as the API server would
+  ddpjob render -f job.yaml                   show the Service and Pods the operator would create
+
+Also installed as `kubectl-ddpjob`, so `kubectl ddpjob submit ...` works as a kubectl plugin.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,18 +14,31 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddpjob", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ddpjob", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from ddpjob.cli import render, run, validate
+    from ddpjob.cli import render, run, submit, validate
 
+    submit.add_parser(sub)
+    run.add_parser(sub)
     validate.add_parser(sub)
     render.add_parser(sub)
-    run.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `ddpjob submit train.py -- --lr 0.1`: what follows `--` is the script's, never ours.
+    passthrough: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if passthrough is not None:
+        if not hasattr(args, "script_args"):
+            parser.error(f"`ddpjob {args.command}` takes no arguments after --")
+        args.script_args = tuple(passthrough)
     return int(args.handler(args) or 0)
 
 

@@ -6,7 +6,7 @@ Pure functions of a parsed ``spec.DDPJob``. The operator creates exactly what th
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ddpjob import contract
 from ddpjob.api import names
@@ -37,6 +37,14 @@ def owner_reference(job: spec.DDPJob) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def owner_uid(metadata: Mapping[str, Any]) -> Optional[str]:
+    """The uid of the DDPJob an object's controller owner reference names (``owner_reference``
+    read back), or None: what tells a child of ours (a pod, a Kueue Workload) from an object
+    that only carries the job's label."""
+    return next((o.get("uid") for o in metadata.get("ownerReferences") or ()
+                 if o.get("kind") == names.KIND and o.get("controller")), None)
 
 
 def _metadata(job: spec.DDPJob, name: str, labels: dict[str, str],
@@ -84,7 +92,8 @@ def pod_labels(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, str]
     return labels
 
 
-def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int) -> list[dict[str, Any]]:
+def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int,
+                    restart_token: Optional[str] = None) -> list[dict[str, Any]]:
     """The contract's variables first, then the user's (which may not redefine them: the schema
     refuses reserved names, so order only matters for ``$(VAR)`` references to ours)."""
     s = job.spec
@@ -92,6 +101,9 @@ def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int) -> list[dict
     env = contract.node_environment(
         job_name=job.name,
         namespace=job.namespace,
+        # Whose the job's checkpoints are: a namesake created later has another uid. Empty in a
+        # manifest rendered from a file (no uid yet).
+        job_uid=job.uid or "",
         master_addr=names.master_address(job.name, service, job.namespace),
         master_port=s.masterPort,
         nnodes=s.nnodes,
@@ -105,6 +117,12 @@ def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int) -> list[dict
         # What the pod entry point starts (docs/launch-styles.md); the command stays as given.
         launcher=spec.effective_launcher(s),
         local_rank_flag=s.localRankFlag,
+        # In place: the entry point waits this long for the operator's restart order after
+        # its workers failed, then exits with their code (and the pod is recreated).
+        restart_mode=spec.effective_restart_mode(s),
+        restart_token=restart_token if spec.effective_restart_mode(s) == contract.RESTART_MODE_IN_PLACE else None,
+        restart_wait_seconds=contract.DEFAULT_RESTART_WAIT_SECONDS,
+        permanent_exit_codes=s.failurePolicy.permanentExitCodes,
     )
     return [{"name": k, "value": v} for k, v in env.items()] + [copy.deepcopy(dict(e)) for e in s.env]
 
@@ -118,7 +136,18 @@ def container_resources(job: spec.DDPJob) -> dict[str, Any]:
     return resources
 
 
-def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
+def readiness_probe() -> dict[str, Any]:
+    """The entry point answers 503 on /ready once its attempt failed: the pod's Ready condition
+    drops within a second, which is the pod watch event that starts an in-place restart."""
+    return {"httpGet": {"path": contract.READY_PATH, "port": PROGRESS_PORT_NAME},
+            "periodSeconds": 1, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 1}
+
+
+def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
+              restart_token: Optional[str] = None) -> dict[str, Any]:
+    """One node's pod. ``restart_token``: the credential of in-place restart orders (random per
+    pod, controller/restart_orders.py); without one (``ddpjob render``) the pod is restarted
+    by recreating it."""
     s = job.spec
     tmpl = s.template.spec
     name = names.node_pod_name(job.name, node_rank)
@@ -128,7 +157,7 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
         "imagePullPolicy": s.imagePullPolicy,
         "command": list(s.command) if s.command else list(contract.DEFAULT_POD_COMMAND),
         "args": list(s.args),
-        "env": pod_environment(job, node_rank, attempt),
+        "env": pod_environment(job, node_rank, attempt, restart_token),
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": s.masterPort, "protocol": "TCP"},
                   # The pod entry point serves the ranks' progress here; the operator polls it.
                   {"name": PROGRESS_PORT_NAME, "containerPort": contract.DEFAULT_PROGRESS_PORT,
@@ -141,6 +170,8 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
         # still leaves the log tail, which the operator copies into status.failedNode.message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if restart_token and spec.effective_restart_mode(s) == contract.RESTART_MODE_IN_PLACE:
+        container["readinessProbe"] = readiness_probe()
     container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
     if tmpl.securityContext is None:
         container["securityContext"]["runAsNonRoot"] = True
@@ -184,7 +215,9 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, Any]:
     }
 
 
-def build_pods(job: spec.DDPJob, attempt: int, ranks: Optional[list[int]] = None) -> list[dict[str, Any]]:
-    """The pods of one attempt (every node, or only ``ranks``), in rank order."""
+def build_pods(job: spec.DDPJob, attempt: int, ranks: Optional[list[int]] = None,
+               new_token: Optional[Callable[[], str]] = None) -> list[dict[str, Any]]:
+    """The pods of one attempt (every node, or only ``ranks``), in rank order; ``new_token``
+    gives each its restart credential."""
     ranks = list(range(job.spec.nnodes)) if ranks is None else sorted(ranks)
-    return [build_pod(job, r, attempt) for r in ranks]
+    return [build_pod(job, r, attempt, new_token() if new_token else None) for r in ranks]

@@ -1,7 +1,9 @@
-"""The decision: given a DDPJob, its status and the pods observed, what happens next.
+"""The decision: given a DDPJob, its status and what the operator observed, what happens next.
 
-Pure: plain data in, a ``Plan`` out; no clock, no API, no kopf. Every path a job can take (and
-every pain point of the peers it is meant to fix) is a table row in tests/unit/test_decide.py.
+Pure: plain data in (the job, its status, an ``Observation``: the pods, the ranks created and
+refused, the progress reports, the Kueue hold), a ``Plan`` out; no clock, no API, no kopf.
+Every path a job can take (and every pain point of the peers it is meant to fix) is a table row
+in tests/unit/test_decide.py.
 
 Throughout: only pods whose controller owner reference is this job (by uid) are ever deleted or
 counted as the job's; and an attempt keeps the shape it was created with (status.nnodes,
@@ -18,6 +20,11 @@ Rules, in the order they apply:
    has evicted (``hold``, from controller/kueue.py), is held the same way in phase Queued.
 4. activeDeadlineSeconds, counted from status.startTime, fails the job (DeadlineExceeded).
 5. A new gang is created only once no pod of the job exists at all: never two gangs at once.
+   Its Service is the job's own: a Service with the job's name that the job does not control
+   (another user's, a deleted namesake's) is never adopted, changed or deleted; while it exists
+   no pod is created (none could rendezvous), the job is Pending, reason ServiceConflict, and
+   fails with StartupTimeout once startupTimeoutSeconds have passed. The job's own Service,
+   deleted while the job runs, is recreated at once (with a watch on Services).
 6. Watching the gang: any failed, evicted or deleted pod fails the attempt. A permanent exit
    code fails the job; anything else restarts the whole gang (never one pod in place:
    kubeflow/pytorch-operator#364) until failurePolicy.maxRestarts is spent. All pods Succeeded
@@ -28,19 +35,28 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob.api import failure_policy
+from ddpjob.api import goodput
 from ddpjob.api import names
+from ddpjob.api import node_exclusion
 from ddpjob.api import spec
-from ddpjob.api.status import (
-    CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, NODE_MESSAGE_LIMIT, PENDING, QUEUED, RESTARTING,
-    RUNNING, SUCCEEDED, SUSPENDED, FailedNode, JobStatus, NodeState,
-)
 from ddpjob.api import progress as progress_reports
-from ddpjob.controller.status import format_time, parse_time, shorten, terminal_reason, truncate, with_phase
+from ddpjob.api.failure_policy import NodeFailure
+from ddpjob.api.status import (
+    CREATED, FAILED, FAILED_NODE_MESSAGE_LIMIT, HELD_PHASES, NODE_MESSAGE_LIMIT, NODE_NAME_LIMIT, PENDING,
+    PHASE_LIMIT, QUEUED, REASON_LIMIT, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED, TERMINAL_PHASES,
+    DISRUPTION, FailedNode, FailureRecord, JobStatus, NodeState, disruptions_within, format_time, listed,
+    parse_time, recorded_nodes, shorten, terminal_reason, truncate, with_disruption, with_failure, with_nodes,
+    with_phase, without_nodes,
+)
+from ddpjob.controller.builders import owner_uid
+from ddpjob.controller.kueue import Hold
+from ddpjob.controller.restart_orders import EntryState
+from ddpjob.controller import stall_stacks
 
 # Failure reasons after which the job's pods are always released, whatever cleanPodPolicy says:
 # the job never got going, and what it holds (GPUs) is what other jobs are waiting for.
@@ -50,6 +66,7 @@ POD_FAILED = "Failed"
 POD_RUNNING = "Running"
 MISSING = "Deleted"  # the phase and reason recorded for a pod deleted from under the job
 STALLED = "Stalled"  # no progress reported for longer than failurePolicy allows
+SERVICE_CONFLICT = "ServiceConflict"  # a Service with the job's name that is not the job's
 _LISTED_PODS = 5  # pods named in a message before "and N more"
 _DETAIL_LIMIT = 300  # characters of one reason (a scheduler verdict, an API error) in a message
 
@@ -81,7 +98,14 @@ class PodView:
     waiting_message: str = ""
     unschedulable: str = ""  # the scheduler's word when PodScheduled is False
     disruption: str = ""  # the DisruptionTarget condition's reason (eviction, preemption)
+    disruption_message: str = ""  # ... and its message ("Eviction API: evicting", ...)
+    unhealthy_devices: str = ""  # devices allocatedResourcesStatus reports Unhealthy, named
     pod_ip: str = ""  # status.podIP: where the pod serves its progress reports
+    nproc_per_node: int = 0  # the trainer container's NPROC_PER_NODE: the ranks it hosts (0: unknown)
+    container_ready: bool = False  # the trainer container's readiness (the entry point's /ready)
+    # The credential of in-place restart orders, from the pod's spec ("" : the pod cannot be
+    # restarted in place: Recreate, a command of its own, a pod made before in-place existed).
+    restart_token: str = field(default="", repr=False)
 
     @property
     def deleting(self) -> bool:
@@ -105,26 +129,25 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         attempt = int(labels[names.LABEL_RESTART_ATTEMPT])
     except (KeyError, TypeError, ValueError):
         return None
-    owner = next((o.get("uid") for o in meta.get("ownerReferences") or ()
-                  if o.get("kind") == names.KIND and o.get("controller")), None)
     status = pod.get("status") or {}
     containers = status.get("containerStatuses") or ()
     trainer = next((c for c in containers if c.get("name") == names.CONTAINER_NAME), containers[0] if containers else {})
     state = trainer.get("state") or {}
     terminated = state.get("terminated") or {}
     waiting = state.get("waiting") or {}
-    unschedulable = disruption = ""
+    unschedulable = disruption = disruption_message = ""
     for cond in status.get("conditions") or ():
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             unschedulable = ": ".join(x for x in (cond.get("reason"), cond.get("message")) if x)
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
-            disruption = cond.get("reason") or "DisruptionTarget"
+            disruption = str(cond.get("reason") or "DisruptionTarget")
+            disruption_message = str(cond.get("message") or "")
     return PodView(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         node_rank=rank,
         attempt=attempt,
-        owner_uid=owner,
+        owner_uid=owner_uid(meta),
         phase=str(status.get("phase") or "Pending"),
         created_at=parse_time(meta.get("creationTimestamp")),
         deletion_at=parse_time(meta.get("deletionTimestamp")),
@@ -139,9 +162,108 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         waiting_reason=str(waiting.get("reason") or ""),
         waiting_message=str(waiting.get("message") or ""),
         unschedulable=unschedulable,
-        disruption=disruption,
+        disruption=shorten(disruption, REASON_LIMIT),
+        disruption_message=shorten(disruption_message, _DETAIL_LIMIT),
+        unhealthy_devices=_unhealthy_devices(containers),
         pod_ip=str(status.get("podIP") or ""),
+        nproc_per_node=_nproc_per_node(pod.get("spec") or {}),
+        container_ready=trainer.get("ready") is True,
+        restart_token=_restart_token(pod.get("spec") or {}),
     )
+
+
+def _unhealthy_devices(containers: Sequence[Mapping[str, Any]]) -> str:
+    """The devices the kubelet reports Unhealthy in the containers' allocatedResourcesStatus
+    (KEP-4680), as "nvidia.com/gpu GPU-1, ..." (bounded: the list is anyone's who may write pod
+    status)."""
+    found: list[str] = []
+    for container in containers:
+        for resource in container.get("allocatedResourcesStatus") or ():
+            for device in (resource.get("resources") or ()) if isinstance(resource, Mapping) else ():
+                if isinstance(device, Mapping) and device.get("health") == "Unhealthy":
+                    found.append(f"{resource.get('name', '?')} {device.get('resourceID', '?')}")
+    return shorten(listed(found, _LISTED_PODS), _DETAIL_LIMIT)
+
+
+def _trainer_env(pod_spec: Mapping[str, Any], name: str) -> str:
+    for container in pod_spec.get("containers") or ():
+        if container.get("name") == names.CONTAINER_NAME:
+            for var in container.get("env") or ():
+                if var.get("name") == name:
+                    return str(var.get("value") or "")
+    return ""
+
+
+def _restart_token(pod_spec: Mapping[str, Any]) -> str:
+    """The pod's restart credential, when the operator made it to be restarted in place."""
+    if _trainer_env(pod_spec, contract.DDPJOB_RESTART_MODE) != contract.RESTART_MODE_IN_PLACE:
+        return ""
+    return _trainer_env(pod_spec, contract.DDPJOB_RESTART_TOKEN)[:256]
+
+
+def _nproc_per_node(pod_spec: Mapping[str, Any]) -> int:
+    """The NPROC_PER_NODE the operator gave the pod's trainer container: the attempt's shape,
+    which a spec edited since may no longer say (0 if absent)."""
+    for container in pod_spec.get("containers") or ():
+        if container.get("name") != names.CONTAINER_NAME:
+            continue
+        for var in container.get("env") or ():
+            if var.get("name") == contract.NPROC_PER_NODE:
+                value = str(var.get("value") or "")
+                return int(value) if value.isascii() and value.isdigit() and len(value) <= 3 else 0
+    return 0
+
+
+@dataclass(frozen=True)
+class ServiceView:
+    """The Service with the job's name, as the operator's Service index (or a creation that
+    found it there) shows it: whose it is."""
+
+    name: str
+    uid: str = ""
+    owner_uid: Optional[str] = None  # the DDPJob its controller owner reference names
+    owner: str = ""  # its controller owner reference as "<kind> <name> (uid <uid>)", for messages
+
+
+def view_service(service: Mapping[str, Any]) -> ServiceView:
+    """A Service object (as the API returns it) -> ServiceView."""
+    meta = service.get("metadata") or {}
+    controller = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+    owner = (shorten(f"{controller.get('kind', '?')} {controller.get('name', '?')} (uid {controller.get('uid', '?')})",
+                     _DETAIL_LIMIT) if controller else "")
+    return ServiceView(name=str(meta.get("name", "")), uid=str(meta.get("uid", "")),
+                       owner_uid=owner_uid(meta), owner=owner)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the operator saw of a job in one pass, beside its status: ``decide``'s input.
+
+    ``pods``: every pod labelled with the job's name (the watch's view). ``generation``: the
+    job's metadata.generation. ``created_ranks``: ranks of the current attempt this operator
+    process created but may not have observed yet (so it does not POST them again while the
+    watch catches up). ``creation_errors``: why the API server refused to create ranks of the
+    current attempt (a ResourceQuota, say), to name in the status. ``progress``: what the ranks
+    of the current attempt reported (controller.progress), for status.progress and hang
+    detection (failurePolicy.progressTimeoutSeconds). ``hold``: Kueue has not admitted the gang,
+    or evicted it (``kueue.Hold``: reason, message): the job holds no pods, as if suspended, in
+    phase Queued. ``service``: the Service with the job's name, if one is known to exist (ours
+    or not); ``service_watched``: whether the operator watches Services, so that None means
+    there is none (a deleted Service of ours is then recreated at once); unwatched, it is
+    created with each gang.
+    """
+
+    pods: Sequence[PodView] = ()
+    generation: Optional[int] = None
+    created_ranks: frozenset[int] = frozenset()
+    creation_errors: Mapping[int, str] = field(default_factory=dict)
+    progress: Optional[progress_reports.GangProgress] = None
+    hold: Optional[Hold] = None
+    service: Optional[ServiceView] = None
+    service_watched: bool = False
+    # What the entry points of pods of the current attempt said of themselves (GET /attempt),
+    # by pod uid: asked of pods whose readiness dropped (controller/restart_orders.py).
+    entry_states: Mapping[str, EntryState] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,6 +274,15 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class StacksRequest:
+    """A stall: the pods whose workers' stacks the pass reads before it acts (the suspect's
+    first; controller/stall_stacks.py), and the rank the stall blames, where one stands out."""
+
+    pods: tuple[PodView, ...]
+    suspect_rank: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -168,7 +299,13 @@ class Plan:
     force_delete: tuple[PodView, ...] = ()
     delete_job: bool = False
     events: tuple[Event, ...] = ()
+    # In-place restart: order these pods' entry points to run ``attempt`` (then relabel them);
+    # a pod that does not take the order is deleted and recreated.
+    restart_in_place: tuple[PodView, ...] = ()
     requeue_after: Optional[float] = None  # seconds until a clock (deadline, timeout, TTL) runs out
+    # A stall: read these pods' stacks (an Event, the log) after the status write, before the
+    # pods are ordered, deleted or recreated.
+    stacks: Optional[StacksRequest] = None
 
 
 # The trainer's termination message after SIGTERM: "...; checkpoint /ckpt/step-40.pt saved".
@@ -184,66 +321,69 @@ def _exit_meaning(code: int, message: str) -> str:
     return meaning
 
 
-@dataclass(frozen=True)
-class _Failure:
-    rank: int
-    pod: str
-    exit_code: Optional[int]
-    reason: str
-    message: str
-    at: Optional[dt.datetime]
-
-    def as_node_failure(self) -> failure_policy.NodeFailure:
-        return failure_policy.NodeFailure(self.rank, self.exit_code, self.reason, self.at)
-
-    def describe(self) -> str:
-        what = (f"exited with code {self.exit_code} ({_exit_meaning(self.exit_code, self.message)})"
-                if self.exit_code is not None else f"was {self.reason.lower() or 'lost'}")
-        return f"node {self.rank} (pod {self.pod}) {what}"
-
-    def failed_node(self) -> FailedNode:
-        return FailedNode(nodeRank=self.rank, pod=self.pod, exitCode=self.exit_code,
-                          reason=self.reason, message=truncate(self.message, FAILED_NODE_MESSAGE_LIMIT))
+def _describe(failure: NodeFailure) -> str:
+    """The culprit and what happened to it: "node 1 (pod train-node-1 on worker-2) exited with
+    code 137 (...), OOM-killed", "... was deleted; disrupted: DeletionByTaintManager"."""
+    if failure.exit_code is not None:
+        what = f"exited with code {failure.exit_code} ({_exit_meaning(failure.exit_code, failure.message)})"
+        if failure.reason == "OOMKilled":
+            what += ", OOM-killed"
+    elif failure.disruption and failure.disruption == failure.reason:
+        what = "was stopped by the cluster"
+    else:
+        what = f"was {failure.reason.lower() or 'lost'}"
+    if failure.disruption:
+        what += f" (disruption: {failure.disruption})"
+    where = f"pod {failure.pod}" + (f" on {failure.node}" if failure.node else "")
+    rank = f"rank {failure.rank} on " if failure.rank is not None else ""
+    return f"{rank}node {failure.node_rank} ({where}) {what}"
 
 
-def _earliest(*delays: Optional[float]) -> Optional[float]:
+def _failure_record(failure: NodeFailure, status: JobStatus, now: dt.datetime) -> FailureRecord:
+    """The history entry of the failure that decided the outcome: the description, then the
+    evidence's last line (a traceback's says what went wrong; a disruption's message says who)."""
+    evidence = next((line.strip() for line in reversed((failure.message or "").splitlines()) if line.strip()), "")
+    message = _describe(failure) + (f": {shorten(evidence, _DETAIL_LIMIT)}" if evidence else "")
+    return FailureRecord(time=format_time(failure.at or now), attempt=status.restartAttempt,
+                         nodeRank=failure.node_rank, rank=failure.rank, pod=failure.pod,
+                         nodeName=failure.node, kind=failure.kind,
+                         reason=failure.disruption or failure.reason, exitCode=failure.exit_code,
+                         message=message)
+
+
+def _failed_node(failure: NodeFailure) -> FailedNode:
+    return FailedNode(nodeRank=failure.node_rank, pod=failure.pod, exitCode=failure.exit_code,
+                      reason=shorten(failure.reason, REASON_LIMIT), message=truncate(failure.message, FAILED_NODE_MESSAGE_LIMIT))
+
+
+def _restart_so_far(job: spec.DDPJob, status: JobStatus) -> str:
+    """Which budget the restart under way spends, and how much of it is spent."""
+    policy = job.spec.failurePolicy
+    if status.failureHistory and status.failureHistory[0].kind == DISRUPTION:
+        return f"disruption {len(status.recentDisruptions)} of {policy.maxDisruptions}"
+    return f"restart {status.restarts} of {policy.maxRestarts}"
+
+
+def soonest(*delays: Optional[float]) -> Optional[float]:
+    """The first of the clocks that are set (seconds, never below 0), or None."""
     present = [max(0.0, d) for d in delays if d is not None]
     return min(present) if present else None
 
 
 def _names(pods: Iterable[PodView]) -> str:
-    names = sorted(p.name for p in pods)
-    shown = ", ".join(names[:_LISTED_PODS])
-    return shown + (f" and {len(names) - _LISTED_PODS} more" if len(names) > _LISTED_PODS else "")
+    return listed(sorted(p.name for p in pods), _LISTED_PODS)
 
 
 # ---------------------------------------------------------------------------------------------
 # The decision
 # ---------------------------------------------------------------------------------------------
-def decide(
-    job: spec.DDPJob,
-    status: JobStatus,
-    pods: Sequence[PodView],
-    now: dt.datetime,
-    *,
-    generation: Optional[int] = None,
-    created_ranks: frozenset[int] = frozenset(),
-    creation_errors: Optional[Mapping[int, str]] = None,
-    force_delete_after: float = 60.0,
-    progress: Optional[progress_reports.GangProgress] = None,
-    hold: Optional[Any] = None,
-) -> Plan:
-    """The next step for ``job``.
-
-    ``pods``: every pod labelled with the job's name. ``created_ranks``: ranks of the current
-    attempt this operator process created but may not have observed yet (so it does not POST
-    them again while the watch catches up). ``creation_errors``: why the API server refused
-    to create ranks of the current attempt (a ResourceQuota, say), to name in the status.
-    ``progress``: what the ranks of the current attempt reported (controller.progress), for
-    status.progress and hang detection (failurePolicy.progressTimeoutSeconds).
-    ``hold``: Kueue has not admitted the gang, or evicted it (``kueue.Hold``: reason, message):
-    the job holds no pods, as if suspended, in phase Queued.
-    """
+def decide(job: spec.DDPJob, status: JobStatus, seen: Observation, now: dt.datetime, *,
+           force_delete_after: float = 60.0) -> Plan:
+    """The next step for ``job``, given its status and what this pass saw (``seen``).
+    ``force_delete_after``: seconds past its deletionTimestamp before a pod still Terminating is
+    force-deleted (the operator's setting)."""
+    pods, hold, generation = seen.pods, seen.hold, seen.generation
+    before = status
     status = replace(status, observedGeneration=generation if generation is not None else status.observedGeneration)
     status = _adopt_newer_attempt(job, status, pods, now)
     if not status.nnodes or not (status.terminal or status.is_true(CREATED)):
@@ -265,60 +405,79 @@ def decide(
         plan = _fail(job, status, pods, now, "DeadlineExceeded",
                      f"activeDeadlineSeconds ({job.spec.activeDeadlineSeconds}s) exceeded")
     elif not status.is_true(CREATED):
-        plan = _create_gang(job, status, pods, now)
+        plan = _create_gang(job, status, pods, now, _service_conflict(job, seen.service))
     else:
-        plan = _watch_gang(job, status, pods, now, created_ranks, creation_errors or {}, progress)
+        plan = _watch_gang(job, status, pods, now, seen.created_ranks, seen.creation_errors, seen.progress,
+                           _service_conflict(job, seen.service), seen.service_watched and seen.service is None,
+                           seen.entry_states)
 
     if plan.status.phase != RUNNING and plan.status.progress is not None and plan.status.progress.eta:
         # An estimate of time left means nothing while the gang is not training.
         plan = replace(plan, status=replace(plan.status, progress=replace(
             plan.status.progress, eta="", etaSeconds=None)))
-    if plan.status.phase not in (SUCCEEDED, FAILED, SUSPENDED, QUEUED):
-        plan = replace(plan, requeue_after=_earliest(plan.requeue_after, _deadline_left(job, plan.status, now)))
-    return replace(plan, force_delete=force, requeue_after=_earliest(plan.requeue_after, force_due))
+    if plan.status.phase not in TERMINAL_PHASES | HELD_PHASES:  # the deadline counts down
+        plan = replace(plan, requeue_after=soonest(plan.requeue_after, _deadline_left(job, plan.status, now)))
+    plan = replace(plan, force_delete=force, requeue_after=soonest(plan.requeue_after, force_due))
+    return _with_goodput(before, plan, now)
 
 
-def decide_invalid(status: JobStatus, message: str, pods: Sequence[PodView], now: dt.datetime, *,
-                   uid: Optional[str] = None, generation: Optional[int] = None) -> Plan:
+def _with_goodput(before: JobStatus, plan: Plan, now: dt.datetime) -> Plan:
+    """The plan's status with its goodput brought up to date (api/goodput.py); a job that
+    succeeds says where its time went, in its message and its Succeeded Event."""
+    status = goodput.account(before, plan.status, now)
+    events = plan.events
+    if status.phase == SUCCEEDED and not before.terminal and status.goodput is not None:
+        said = status.goodput.summary
+        status = with_phase(status, SUCCEEDED, status.reason, f"{status.message}; {said}", now)
+        events = tuple(replace(e, message=f"{e.message}; {said}") if e.reason == SUCCEEDED else e for e in events)
+    return replace(plan, status=status, events=events)
+
+
+def decide_invalid(status: JobStatus, message: str, seen: Observation, now: dt.datetime, *,
+                   uid: Optional[str] = None) -> Plan:
     """A spec that does not parse: Failed/InvalidSpec naming the fields; nothing is created,
-    and pods of the job that still run (a spec broken mid-run) are released."""
-    release = _deletable(p for p in pods if uid is not None and p.owner_uid == uid and not p.finished)
+    and pods of the job (``uid``) that still run (a spec broken mid-run) are released."""
+    generation = seen.generation
+    release = _deletable(p for p in seen.pods if uid is not None and p.owner_uid == uid and not p.finished)
     if status.terminal:
         reason, text = terminal_reason(status)
         return Plan(status=replace(status, reason=reason, message=text), delete=release)
     failed = with_phase(status, FAILED, "InvalidSpec", message, now)
     failed = replace(failed, completionTime=format_time(now), readyNodes=0,
                      observedGeneration=generation if generation is not None else status.observedGeneration)
-    return Plan(status=failed, delete=release, events=(Event("Warning", "InvalidSpec", failed.message),))
+    return _with_goodput(status, Plan(status=failed, delete=release,
+                                      events=(Event("Warning", "InvalidSpec", failed.message),)), now)
 
 
 def refuse_creation(job: spec.DDPJob, status: JobStatus, message: str, now: dt.datetime) -> Plan:
     """The API server refused to create a pod for a reason a retry cannot fix (an admission
-    policy such as Pod Security, or an invalid template): fail with its message."""
-    return _fail(job, status, (), now, "PodCreationRefused", message)
+    policy such as Pod Security, or an invalid template): fail with its message. ``status`` is
+    the one just written for the creation; what did get created is released by the next pass,
+    which sees those pods (the creations' watch events wake it)."""
+    return _with_goodput(status, _fail(job, status, (), now, "PodCreationRefused", message), now)
 
 
 def _adopt_newer_attempt(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView],
                          now: dt.datetime) -> JobStatus:
     """Pods of a later attempt than the status records exist when a status write was lost after
     the pods were created: adopt them rather than delete a running gang."""
-    ours = [p.attempt for p in pods if _is_ours(job, p)]
+    ours = [p.attempt for p in pods if is_ours(job, p)]
     if status.terminal or job.spec.suspend or not ours or max(ours) <= status.restartAttempt:
         return status
-    adopted = replace(status, restartAttempt=max(ours), nodes=(), podSpecHash="")  # shape unknown
+    adopted = replace(without_nodes(status), restartAttempt=max(ours), podSpecHash="")  # shape unknown
     return with_phase(adopted, status.phase or PENDING, status.reason or "PodsCreated", status.message,
                       now, created=True, created_reason="PodsCreated",
                       created_message=f"adopted the pods of attempt {max(ours)}")
 
 
-def _is_ours(job: spec.DDPJob, pod: PodView) -> bool:
+def is_ours(job: spec.DDPJob, pod: PodView) -> bool:
     """Whether the pod's controller owner reference is this job (by uid). ``job.uid`` is None
     only for a job that was never stored (the unit tests' jobs made without one)."""
     return pod.owner_uid == job.uid if job.uid is not None else True
 
 
 def _ours(job: spec.DDPJob, pods: Iterable[PodView]) -> list[PodView]:
-    return [p for p in pods if _is_ours(job, p)]
+    return [p for p in pods if is_ours(job, p)]
 
 
 def _stuck_terminating(pods: Sequence[PodView], now: dt.datetime,
@@ -331,7 +490,7 @@ def _stuck_terminating(pods: Sequence[PodView], now: dt.datetime,
         if left <= 0:
             stuck.append(p)
         else:
-            due = _earliest(due, left)
+            due = soonest(due, left)
     return tuple(stuck), due
 
 
@@ -349,7 +508,7 @@ def _deletable(pods: Iterable[PodView]) -> tuple[PodView, ...]:
 # --- 2. finished ------------------------------------------------------------------------------
 def _cleanup(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView]) -> tuple[PodView, ...]:
     reason, _ = terminal_reason(status)
-    ours = [p for p in pods if _is_ours(job, p)]
+    ours = [p for p in pods if is_ours(job, p)]
     if job.spec.cleanPodPolicy == "All":
         return _deletable(ours)
     if job.spec.cleanPodPolicy == "Running" or reason in RELEASE_REASONS:
@@ -383,11 +542,11 @@ def _suspend(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: 
              phase: str = SUSPENDED, reason: str = "Suspended", why: str = "spec.suspend is true") -> Plan:
     """Suspended by spec.suspend, or Queued by Kueue (not admitted yet, or evicted): no pods."""
     events: tuple[Event, ...] = ()
-    if status.phase not in (SUSPENDED, QUEUED):
+    if status.phase not in HELD_PHASES:
         # The next gang gets a new attempt number if this one had pods, so any straggler of the
         # old one is told apart; the deadline clock restarts on resume (startTime cleared).
         attempt = status.restartAttempt + 1 if status.is_true(CREATED) else status.restartAttempt
-        status = replace(status, restartAttempt=attempt, startTime=None, readyNodes=0, nodes=())
+        status = replace(without_nodes(status), restartAttempt=attempt, startTime=None)
         events = ((Event("Normal", "Suspended", "Job suspended: deleting its pods"),) if phase == SUSPENDED
                   else (Event("Normal", reason, why + (": deleting its pods" if pods else "")),))
     elif status.phase != phase or status.reason != reason:
@@ -400,7 +559,8 @@ def _suspend(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: 
 
 
 # --- 5. create a gang -------------------------------------------------------------------------
-def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime) -> Plan:
+def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
+                 service_conflict: Optional[str] = None) -> Plan:
     nnodes, attempt = job.spec.nnodes, status.restartAttempt
     events: list[Event] = []
     if status.phase == SUSPENDED:
@@ -412,28 +572,50 @@ def _create_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], n
     # the name of one of the new ones (a deleted namesake job's, going by garbage collection),
     # or its creation would find "already exists". Only our own are deleted.
     child_names = {names.node_pod_name(job.name, rank) for rank in range(nnodes)}
-    pods = [p for p in pods if _is_ours(job, p) or p.name in child_names]
+    pods = [p for p in pods if is_ours(job, p) or p.name in child_names]
     if pods:
         reason = status.reason if phase == RESTARTING else (
-            "Resuming" if status.phase in (SUSPENDED, QUEUED) else "Waiting")
+            "Resuming" if status.phase in HELD_PHASES else "Waiting")
         message = f"waiting for {len(pods)} old pod(s) to terminate before creating attempt {attempt}: {_names(pods)}"
-        foreign = [p for p in pods if not _is_ours(job, p) and not p.deleting]
+        foreign = [p for p in pods if not is_ours(job, p) and not p.deleting]
         if foreign:
             message += (f" ({_names(foreign)}: not this job's pod(s), with the name of one of its own; "
                         "the operator does not delete them)")
         if phase == RESTARTING and status.failedNode is not None:
-            message = f"restart {status.restarts} of {job.spec.failurePolicy.maxRestarts}: {message}"
+            message = f"{_restart_so_far(job, status)}: {message}"
         waiting = with_phase(replace(status, readyNodes=0), phase, reason, message, now)
         return Plan(status=waiting, delete=_deletable(_ours(job, pods)), events=tuple(events))
 
+    if service_conflict:
+        # The attempt starts (its startup clock runs: the job fails with StartupTimeout if the
+        # Service is still in the way then) but no pod is created: none could rendezvous.
+        held = replace(without_nodes(status), startTime=status.startTime or format_time(now), nnodes=nnodes,
+                       podSpecHash=spec.pod_spec_hash(job.spec))
+        held = with_phase(held, phase, SERVICE_CONFLICT, service_conflict, now, created=True,
+                          created_reason=SERVICE_CONFLICT,
+                          created_message=f"attempt {attempt}: no pod created while the Service is not this job's")
+        events.append(Event("Warning", SERVICE_CONFLICT, held.message))
+        return Plan(status=held, attempt=attempt, events=tuple(events),
+                    requeue_after=float(job.spec.startupTimeoutSeconds))
+
     message = f"created {nnodes} pod(s) (attempt {attempt}); waiting for every node to run"
-    created = replace(status, startTime=status.startTime or format_time(now), readyNodes=0, nodes=(),
-                      nnodes=nnodes, podSpecHash=spec.pod_spec_hash(job.spec))
+    created = replace(without_nodes(status), startTime=status.startTime or format_time(now), nnodes=nnodes, podSpecHash=spec.pod_spec_hash(job.spec))
     created = with_phase(created, phase, "PodsCreated", message, now, created=True,
                          created_reason="PodsCreated", created_message=f"attempt {attempt}: {nnodes} pod(s)")
     events.append(Event("Normal", "Created", f"Creating {nnodes} pod(s) and the Service (attempt {attempt})"))
     return Plan(status=created, create_ranks=tuple(range(nnodes)), attempt=attempt, ensure_service=True,
                 events=tuple(events), requeue_after=float(job.spec.startupTimeoutSeconds))
+
+
+def _service_conflict(job: spec.DDPJob, service: Optional[ServiceView]) -> Optional[str]:
+    """Why the Service with the job's name is in the way, naming it and its owner; None when
+    there is none or it is the job's own (its controller owner reference is the job, by uid)."""
+    if service is None or job.uid is None or service.owner_uid == job.uid:
+        return None
+    whose = f"its controller is {service.owner}" if service.owner else "it has no controller owner reference"
+    return (f"Service {service.name} is not this job's ({whose}); no pod is created while it exists "
+            f"(node 0's address would not resolve): delete or rename it. The operator never adopts, "
+            f"changes or deletes it")
 
 
 # --- 6. watch the gang ------------------------------------------------------------------------
@@ -446,27 +628,70 @@ def _node_state(p: PodView) -> NodeState:
                        NODE_MESSAGE_LIMIT))
     if p.deleting and not p.finished:
         reason = reason or "Terminating"
-    return NodeState(nodeRank=p.node_rank, pod=p.name, phase=p.phase, ready=p.ready,
-                     exitCode=p.exit_code, reason=reason, message=message, nodeName=p.node_name)
+    # Pod status is anyone's who may write it: every field is bounded (api/status.py).
+    return NodeState(nodeRank=p.node_rank, pod=p.name, phase=shorten(p.phase, PHASE_LIMIT), ready=p.ready,
+                     exitCode=p.exit_code, reason=shorten(reason, REASON_LIMIT), message=message,
+                     nodeName=shorten(p.node_name, NODE_NAME_LIMIT))
 
 
-def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[_Failure]:
+def _entry_failure(p: PodView, entry: Optional[EntryState], attempt: int,
+                   now: dt.datetime) -> Optional[NodeFailure]:
+    """A pod whose entry point says its workers failed (and it waits for an order): the node's
+    failure, with the exit code and message it would have ended with."""
+    if entry is None or entry.state != contract.ENTRY_FAILED or entry.attempt != attempt:
+        return None
+    code = entry.exit_code
+    reason = "Error" if code else "Failed"
+    return NodeFailure(node_rank=p.node_rank, exit_code=code, reason=reason, at=now, pod=p.name,
+                       message=entry.message, node=p.node_name)
+
+
+# How long a failure that only follows another's (a peer lost: 13; 12; 143) waits for that other
+# failure to show, when every failure seen so far is an entry point's (a pod's readiness drops
+# within a second of its workers' end, but not at the same second as its peers').
+CONSEQUENCE_GRACE_SECONDS = 5.0
+
+
+def _consequence_wait(failures: Sequence[NodeFailure], entry_states: Sequence[EntryState]) -> Optional[float]:
+    """Seconds to wait for the root cause before acting on ``failures``, or None to act now:
+    only while each failure is an entry point's, each a consequence code, all fresh."""
+    if len(entry_states) != len(failures) or not all(
+            f.exit_code in contract.CONSEQUENCE_EXIT_CODES for f in failures):
+        return None
+    ages = [e.seconds_since_failure for e in entry_states]
+    if any(age is None for age in ages):
+        return None
+    left = CONSEQUENCE_GRACE_SECONDS - max(ages)  # type: ignore[type-var]
+    return left if left > 0 else None
+
+
+def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[NodeFailure]:
+    # Whose fault: the cluster's when the pod says so (api/failure_policy.py, two budgets).
+    disruption = failure_policy.disruption_of(condition_reason=p.disruption, pod_reason=p.pod_reason,
+                                              unhealthy_devices=p.unhealthy_devices)
+    detail = p.disruption_message or (f"unhealthy: {p.unhealthy_devices}" if p.unhealthy_devices else "")
     if p.phase == POD_FAILED:
         code = p.exit_code
         reason = p.terminated_reason or p.disruption or p.pod_reason or "Failed"
-        message = p.terminated_message or p.pod_message
-        return _Failure(p.node_rank, p.name, code, reason, message, p.finished_at or p.deletion_at)
+        message = p.terminated_message or p.pod_message or detail
+        return NodeFailure(node_rank=p.node_rank, exit_code=code, reason=reason,
+                           at=p.finished_at or p.deletion_at, pod=p.name, message=message,
+                           disruption=disruption, node=p.node_name)
     if p.deleting and p.phase != POD_SUCCEEDED:
         # Deleted from under the job (a user, a drain, taint-based eviction of a lost node):
         # the rank is gone, and its peers will hang until the gang restarts.
         reason = p.disruption or p.pod_reason or MISSING
-        return _Failure(p.node_rank, p.name, None, reason, p.pod_message, p.deletion_at)
+        return NodeFailure(node_rank=p.node_rank, exit_code=None, reason=reason, at=p.deletion_at,
+                           pod=p.name, message=p.pod_message or detail, disruption=disruption,
+                           node=p.node_name)
     return None
 
 
 def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
                 created_ranks: frozenset[int], creation_errors: Mapping[int, str],
-                progress: Optional[progress_reports.GangProgress] = None) -> Plan:
+                progress: Optional[progress_reports.GangProgress] = None,
+                service_conflict: Optional[str] = None, service_missing: bool = False,
+                entry_states: Mapping[str, EntryState] = {}) -> Plan:
     # The attempt keeps the shape it was created with (status.nnodes, status.podSpecHash): a
     # spec changed under it (an older CRD, a bypassed validation) is for the next attempt.
     nnodes, attempt = status.nnodes, status.restartAttempt
@@ -479,9 +704,12 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         else:
             strays.append(p)
 
-    recorded = {n.nodeRank: n for n in status.nodes}
+    # What earlier passes recorded of this attempt: every rank observed and every rank that
+    # succeeded (status.nodes itself lists at most NODES_LISTED of them).
+    listed_before, observed_before, succeeded_before = recorded_nodes(status)
     nodes: list[NodeState] = []
-    failures: list[_Failure] = []
+    failures: list[NodeFailure] = []
+    waiting_for_cause: list[EntryState] = []  # entry points that failed, as they said
     succeeded = started = 0
     missing: list[int] = []
     for rank in range(nnodes):
@@ -489,6 +717,10 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         if pod is not None:
             nodes.append(_node_state(pod))
             failure = _failure_of(job, pod)
+            if failure is None:
+                failure = _entry_failure(pod, entry_states.get(pod.uid), attempt, now)
+                if failure is not None:
+                    waiting_for_cause.append(entry_states[pod.uid])
             if failure is not None:
                 failures.append(failure)
             elif pod.phase == POD_SUCCEEDED:
@@ -496,24 +728,33 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                 started += 1
             elif pod.phase == POD_RUNNING:
                 started += 1
-        elif rank in recorded and recorded[rank].phase == POD_SUCCEEDED:
-            nodes.append(recorded[rank])  # a finished pod someone cleaned up: still a success
+        elif rank in succeeded_before:
+            # A finished pod someone cleaned up: still a success.
+            nodes.append(listed_before.get(rank) or NodeState(
+                nodeRank=rank, pod=names.node_pod_name(job.name, rank), phase=POD_SUCCEEDED))
             succeeded += 1
             started += 1
-        elif rank in recorded:
+        elif rank in observed_before:
             # Observed once in this attempt, gone now without our deleting it.
-            gone = replace(recorded[rank], phase=MISSING, ready=False, reason=MISSING,
-                           message="the pod was deleted")
+            previous = listed_before.get(rank) or NodeState(nodeRank=rank, pod=names.node_pod_name(job.name, rank))
+            gone = replace(previous, phase=MISSING, ready=False, reason=MISSING, message="the pod was deleted")
             nodes.append(gone)
-            failures.append(_Failure(rank, gone.pod, None, MISSING, "the pod was deleted", None))
+            # A disruption seen before the pod went (a pod GC'd off a deleted node) still counts.
+            disruption = previous.reason if previous.reason in failure_policy.KNOWN_DISRUPTIONS else ""
+            failures.append(NodeFailure(node_rank=rank, exit_code=None, reason=MISSING, pod=gone.pod,
+                                        message="the pod was deleted", disruption=disruption,
+                                        node=previous.nodeName))
         else:
             missing.append(rank)
 
-    ready = sum(1 for n in nodes if n.ready)
-    observed = replace(status, nodes=tuple(nodes), readyNodes=ready)
+    observed = with_nodes(status, nodes)
+    ready = observed.readyNodes
     stray_deletes = _deletable(strays)
 
     if failures:
+        wait = _consequence_wait(failures, waiting_for_cause)
+        if wait is not None:
+            return Plan(status=observed, delete=stray_deletes, requeue_after=wait)
         return _on_failure(job, observed, pods, now, failures)
     if succeeded == nnodes:
         done = with_phase(observed, SUCCEEDED, "AllNodesSucceeded", f"all {nnodes} node(s) succeeded", now)
@@ -523,9 +764,16 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                        events=(Event("Normal", "Succeeded", f"All {nnodes} node(s) succeeded"),))
     note = "; the spec has changed since this attempt started: the change applies to the next attempt" \
         if reshaped else ""
+    # Our Service deleted under the job: recreated now (the watch shows its absence). The pods
+    # that run keep their addresses; a restarted or late pod needs the Service to be found.
+    service_events = (Event("Warning", "ServiceMissing",
+                            f"Service {names.service_name(job.name)} does not exist: creating it"),) \
+        if service_missing else ()
     if started == nnodes:
         running_now = ready
         message = f"{running_now}/{nnodes} node(s) running" + (f", {succeeded} succeeded" if succeeded else "") + note
+        if service_conflict:  # a gang already running found its peers; a restart would be held
+            message += f"; {service_conflict}"
         events = () if status.phase == RUNNING else (Event("Normal", "Running", f"All {nnodes} node(s) running (attempt {attempt})"),)
         running = replace(with_phase(observed, RUNNING, "AllNodesRunning", message, now), failedNode=None)
         since = status.condition(RUNNING) if status.phase == RUNNING else None
@@ -535,12 +783,13 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
             return _stalled(job, observed, pods, now, stalled)
         if progress is not None:
             running = replace(running, progress=progress_reports.to_status(
-                progress, running=True, format_time=format_time, previous=status.progress))
-        return Plan(status=running, delete=stray_deletes, events=events, requeue_after=stall_due)
+                progress, running=True, previous=status.progress))
+        return Plan(status=running, delete=stray_deletes, events=events + service_events,
+                    ensure_service=service_missing, requeue_after=stall_due)
 
     # Some nodes have not started: the startup clock runs from the attempt's creation.
     waiting = [p for p in current.values() if p.phase not in (POD_RUNNING, POD_SUCCEEDED)]
-    described = _describe_not_started(job, waiting, missing, creation_errors)
+    described = _describe_not_started(job, waiting, missing, creation_errors, service_conflict or "")
     not_started = len(waiting) + len(missing)
     created_cond = status.condition(CREATED)
     started_at = parse_time(created_cond.lastTransitionTime) if created_cond else None
@@ -552,19 +801,27 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                        f"({job.spec.startupTimeoutSeconds}s): {described}")
             return _fail(job, observed, pods, now, "StartupTimeout", message)
 
-    recreate = tuple(r for r in missing if r not in created_ranks)
+    # A rank whose old pod still holds the name (terminating after an in-place restart kept
+    # its peers) is created once that pod is gone: a creation now would find "already exists".
+    taken = {p.name for p in pods}
+    recreate = () if service_conflict else tuple(
+        r for r in missing if r not in created_ranks and names.node_pod_name(job.name, r) not in taken)
     if recreate and reshaped:
         # A pod of this attempt would be built from another spec than its peers (another
         # WORLD_SIZE, image, ...): start the next attempt in the new shape instead.
         return _reshape(job, observed, pods, now)
     phase = RESTARTING if status.phase == RESTARTING else PENDING
-    reason = "NodesPending"
-    prefix = (f"restart {status.restarts} of {job.spec.failurePolicy.maxRestarts}: "
-              if phase == RESTARTING else "")
-    message = f"{prefix}{started}/{nnodes} node(s) started; waiting for {described}{note}"
+    reason = SERVICE_CONFLICT if service_conflict and missing else "NodesPending"
+    prefix = f"{_restart_so_far(job, status)}: " if phase == RESTARTING else ""
+    # Said before the pods' reasons, which a long gang's message may cut short.
+    avoided = node_exclusion.unschedulable_note(status) if any(p.unschedulable for p in waiting) else ""
+    message = f"{prefix}{started}/{nnodes} node(s) started{avoided}; waiting for {described}{note}"
     pending = with_phase(observed, phase, reason, message, now)
-    return Plan(status=pending, create_ranks=recreate, attempt=attempt, ensure_service=bool(recreate),
-                delete=stray_deletes, requeue_after=left)
+    events = service_events
+    if reason == SERVICE_CONFLICT and status.reason != SERVICE_CONFLICT:
+        events += (Event("Warning", SERVICE_CONFLICT, shorten(service_conflict or "", _DETAIL_LIMIT * 2)),)
+    return Plan(status=pending, create_ranks=recreate, attempt=attempt, ensure_service=bool(recreate) or service_missing,
+                delete=stray_deletes, events=events, requeue_after=left)
 
 
 def _reshape(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime) -> Plan:
@@ -580,7 +837,7 @@ def _reshape(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: 
 
 
 def _describe_not_started(job: spec.DDPJob, waiting: Sequence[PodView], missing: Sequence[int],
-                          creation_errors: Mapping[int, str]) -> str:
+                          creation_errors: Mapping[int, str], held_by: str = "") -> str:
     """The pods not running yet, grouped by why: a 64-node gang the scheduler cannot place is
     one clause ("64 pod(s) ... Pending (Unschedulable: ...)"), not 64 copies of its verdict."""
     groups: dict[str, list[str]] = {}
@@ -592,15 +849,17 @@ def _describe_not_started(job: spec.DDPJob, waiting: Sequence[PodView], missing:
         groups.setdefault(why, []).append(names.node_pod_name(job.name, rank))
     unseen = len(missing) - len(refused)
     clauses = [f"{_listed(pods)} {why}" for why, pods in groups.items()]
-    if unseen:
+    if unseen and held_by:
+        clauses.append(f"{unseen} pod(s) not created: {held_by}")
+    elif unseen:
         clauses.append(f"{unseen} pod(s) not observed yet")
     return "; ".join(clauses)
 
 
 def _listed(pod_names: Sequence[str]) -> str:
-    shown = ", ".join(pod_names[:_LISTED_PODS])
-    more = len(pod_names) - _LISTED_PODS
-    return (f"{len(pod_names)} pod(s) {shown} and {more} more" if more > 0 else shown)
+    """Pod names for a clause: ``4 pod(s) a, b and 2 more`` once some are left out."""
+    count = f"{len(pod_names)} pod(s) " if len(pod_names) > _LISTED_PODS else ""
+    return count + listed(pod_names, _LISTED_PODS)
 
 
 def _why_waiting(p: PodView) -> str:
@@ -617,33 +876,97 @@ def _stalled(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: 
     """No progress for longer than failurePolicy allows: a retryable failure of the whole gang
     (a rank blocked in a collective holds every GPU of the job while its pods look healthy)."""
     node = min(stalled.suspect_node, status.nnodes - 1)
-    failure = _Failure(node, names.node_pod_name(job.name, node), None, STALLED, stalled.message, now)
+    where = next((p.node_name for p in _ours(job, pods)
+                  if p.node_rank == node and p.attempt == status.restartAttempt), "")
+    failure = NodeFailure(node_rank=node, exit_code=None, reason=STALLED, at=now,
+                          pod=names.node_pod_name(job.name, node), message=stalled.message, node=where,
+                          rank=stalled.suspect_rank)
     plan = _on_failure(job, status, pods, now, [failure], restart_reason=STALLED)
-    return replace(plan, events=(Event("Warning", STALLED, stalled.message),) + plan.events)
+    return replace(plan, events=(Event("Warning", STALLED, stalled.message),) + plan.events,
+                   stacks=StacksRequest(_stack_pods(job, status, pods, node), stalled.suspect_rank))
+
+
+def _stack_pods(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], suspect_node: int) -> tuple[PodView, ...]:
+    """The stalled attempt's pods that can show their stacks (running, an IP, a token), the
+    suspect node's first, then the lowest node ranks: at most stall_stacks.MAX_PODS."""
+    able = {p.node_rank: p for p in sorted(_ours(job, pods), key=lambda p: p.node_rank, reverse=True)
+            if p.attempt == status.restartAttempt and p.running and not p.deleting and p.pod_ip
+            and p.restart_token}
+    order = sorted(able, key=lambda rank: (rank != suspect_node, rank))
+    return tuple(able[rank] for rank in order[:stall_stacks.MAX_PODS])
 
 
 def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
-                failures: list[_Failure], restart_reason: Optional[str] = None) -> Plan:
-    by_rank = {f.rank: f for f in failures}
-    ruling = failure_policy.verdict((f.as_node_failure() for f in failures),
-                                    restarts_done=status.restarts, policy=job.spec.failurePolicy)
-    first, budget = by_rank[ruling.cause.node_rank], ruling.budget
+                failures: list[NodeFailure], restart_reason: Optional[str] = None) -> Plan:
+    policy = job.spec.failurePolicy
+    window = disruptions_within(status, now, policy.disruptionWindowSeconds)
+    ruling = failure_policy.verdict(failures, restarts_done=status.restarts, policy=policy,
+                                    recent_disruptions=len(window))
+    first = ruling.cause
+    keep = _restartable_in_place(job, status, pods) if ruling.restart else ()
+    mode = "" if not ruling.restart else (contract.RESTART_MODE_IN_PLACE if keep else contract.RESTART_MODE_RECREATE)
+    # The culprit goes into the history whatever comes next (restart or failure).
+    recorded = with_failure(replace(status, recentDisruptions=window),
+                            replace(_failure_record(first, status, now), restartMode=mode))
+    # A node implicated often enough is avoided from the next attempt on (api/node_exclusion.py).
+    status = node_exclusion.with_exclusions(recorded, policy, now)
+    excluded = tuple(Event("Warning", "NodeExcluded", f"The next pods avoid node {n.nodeName}: {n.message}")
+                     for n in node_exclusion.newly_excluded(recorded, status))
     if ruling.reason == failure_policy.PERMANENT:
-        return _fail(job, status, pods, now, ruling.reason,
-                     f"{first.describe()}: a restart cannot fix this", first.failed_node())
-    if ruling.reason == failure_policy.BUDGET_SPENT:
-        return _fail(job, status, pods, now, ruling.reason,
-                     f"{first.describe()} and the restart budget ({budget}) is spent", first.failed_node())
+        return _fail(job, recorded, pods, now, ruling.reason,
+                     f"{_describe(first)}: a restart cannot fix this", _failed_node(first))
+    if ruling.reason in (failure_policy.BUDGET_SPENT, failure_policy.DISRUPTION_BUDGET_SPENT):
+        return _fail(job, recorded, pods, now, ruling.reason,
+                     f"{_describe(first)} and the {ruling.budget_words(policy)} is spent", _failed_node(first))
 
-    restarts = ruling.restarts_after
-    message = f"{first.describe()}; restart {restarts} of {budget}: deleting the gang"
-    restarting = replace(status, restarts=restarts, restartAttempt=status.restartAttempt + 1,
-                         failedNode=first.failed_node(), readyNodes=0)
+    spent = (with_disruption(status, now, policy.disruptionWindowSeconds) if ruling.kind == DISRUPTION
+             else replace(status, restarts=ruling.restarts_after))
+    if ruling.kind == DISRUPTION and restart_reason is None:
+        restart_reason = failure_policy.DISRUPTED
+    message = f"{_describe(first)}; {ruling.spending(policy)}: deleting the gang"
+    restarting = replace(spent, restartAttempt=status.restartAttempt + 1,
+                         failedNode=_failed_node(first), readyNodes=0)
     restarting = with_phase(restarting, RESTARTING, restart_reason or ruling.reason, message, now, created=False,
                             created_reason="Restarting", created_message=message)
     event = Event("Warning", "Restarting",
-                  f"{first.describe()}" + (f" [{first.reason}]" if first.reason else "")
-                  + f"; restarting all {status.nnodes} node(s) (restart {restarts} of {budget})")
+                  f"{_describe(first)}" + (f" [{first.reason}]" if first.reason else "")
+                  + f"; restarting all {status.nnodes} node(s) ({ruling.spending(policy)})")
+    if keep:
+        return _in_place(job, restarting, pods, now, keep, event, excluded)
     # Every pod of the attempt goes, including the healthy ranks: they would hang in a
     # collective with the dead one until a watchdog fires (kubeflow/trainer#2269).
-    return Plan(status=restarting, delete=_deletable(_ours(job, pods)), events=(event,))
+    return Plan(status=restarting, delete=_deletable(_ours(job, pods)), events=(event,) + excluded)
+
+
+def _restartable_in_place(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView]) -> tuple[PodView, ...]:
+    """The pods of the failed attempt that can start the next one in place: running, with an
+    entry point that takes orders, in the attempt's shape (a spec changed since is for new
+    pods), and not on a node the next attempt avoids. None at all: the gang is recreated."""
+    if (spec.effective_restart_mode(job.spec) != contract.RESTART_MODE_IN_PLACE
+            or (status.podSpecHash and status.podSpecHash != spec.pod_spec_hash(job.spec))):
+        return ()
+    avoided = {n.nodeName for n in status.excludedNodes}
+    keep: dict[int, PodView] = {}
+    for p in _ours(job, pods):
+        if (p.attempt == status.restartAttempt and p.phase == POD_RUNNING and p.running and not p.deleting
+                and p.restart_token and p.pod_ip and p.node_name not in avoided
+                and p.node_rank < status.nnodes and p.node_rank not in keep):
+            keep[p.node_rank] = p
+    return tuple(keep[r] for r in sorted(keep))
+
+
+def _in_place(job: spec.DDPJob, restarting: JobStatus, pods: Sequence[PodView], now: dt.datetime,
+              keep: tuple[PodView, ...], event: Event, excluded: tuple[Event, ...]) -> Plan:
+    """The next attempt starts inside the pods that are left (their entry points stop the
+    workers, which save a checkpoint, and start them again); the others are recreated for it.
+    The attempt counts as created now: its pods exist, and the startup clock runs."""
+    attempt = restarting.restartAttempt
+    recreated = [p for p in _ours(job, pods) if p not in keep]
+    how = f"{len(keep)} pod(s) in place" + (f", {len(recreated)} recreated" if recreated else "")
+    message = restarting.message.replace(": deleting the gang", f": restarting {how}")
+    status = with_phase(without_nodes(restarting), RESTARTING, restarting.reason, message, now, created=True,
+                        created_reason="RestartedInPlace", created_message=f"attempt {attempt}: {how}")
+    event = replace(event, message=event.message.replace(
+        f"restarting all {restarting.nnodes} node(s)", f"restarting all {restarting.nnodes} node(s), {how}"))
+    return Plan(status=status, restart_in_place=keep, attempt=attempt, delete=_deletable(recreated),
+                events=(event,) + excluded, requeue_after=float(job.spec.startupTimeoutSeconds))

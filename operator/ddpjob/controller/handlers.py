@@ -10,15 +10,23 @@ How a pod change reaches the job's status in well under a second, without pollin
   labelled ``ddpjob.dev/job-name``, keyed by (namespace, job). The operator never reads pods
   from the API; kopf fills the index from its initial listing before any DDPJob handler runs,
   so after an operator restart the first pass already sees every existing pod (no duplicates).
-* ``pod_event`` wakes the job's worker; ``ddpjob_event`` starts, updates and stops workers.
+* ``ddpjob_services`` does the same for the jobs' Services (``ServiceView``: whose it is), so
+  a job's own Service deleted under it is recreated at once, at no request per pass.
+* ``pod_event`` (and ``service_event``) wakes the job's worker, a pod's event only when it changed
+  the pod's view (``Runtime.pod_changed``); ``ddpjob_event`` starts, updates and stops workers.
 * The job's worker (``ddpjob.controller.workqueue``) runs one ``reconcile.reconcile`` pass
   in a thread when woken or when one of the job's clocks is due.
+
+High availability (docs/operator.md): the Deployment runs two replicas; both watch (their
+index stays warm), only the holder of the leader Lease starts workers (``controller.leader``,
+``Runtime.start_election``). kopf's own peering is not used: it pauses a whole operator when
+another one with a higher priority appears, has no Lease, no renew deadline and no fencing.
 
 Why not ``@kopf.daemon``/``@kopf.timer``: kopf puts a finalizer on every object that has one,
 and a finalizer blocks ``kubectl delete`` whenever the operator is down. This module registers
 no daemon, timer or change/deletion handler, so kopf adds no finalizer and stores no progress
 or diff-base annotations at all (they are still configured under ``ddpjob.dev``, should one be
-added). Why the status is written by ``kube.patch_status`` and not kopf's ``patch.status``:
+added), nor builds a diff base per event (``UnreadDiffBaseStorage``). Why the status is written by ``kube.patch_status`` and not kopf's ``patch.status``:
 kopf applies that patch only when a handler returns, and the status must follow pod events
 that no DDPJob handler sees; ``Kube.patch_status`` is the one status writer.
 """
@@ -31,9 +39,10 @@ import kopf
 
 from ddpjob.api import names
 from ddpjob.controller import kueue
-from ddpjob.controller.decide import Event, PodView, view_pod
+from ddpjob.controller.decide import Event, PodView, ServiceView, view_pod, view_service
 from ddpjob.controller import metrics
 from ddpjob.controller.kube import Kube
+from ddpjob.controller.leader import operator_elector
 from ddpjob.controller.settings import load_settings
 from ddpjob.controller.workqueue import JobKey, Runtime
 
@@ -45,24 +54,44 @@ class _QuietWatchHandlers(logging.Filter):
     lines (and CPU) for one big gang, saying nothing. Failures are still logged."""
 
     QUIET = tuple(f"Handler {name!r} succeeded" for name in (
-        "pod_event", "ddpjob_event", "ddpjob_pods", "workload_event", "ddpjob_workloads"))
+        "pod_event", "ddpjob_event", "ddpjob_pods", "workload_event", "ddpjob_workloads",
+        "service_event", "ddpjob_services")) + (
+        "Activity 'leader' succeeded",)  # the probe handler, at every liveness/readiness check
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and any(q in record.getMessage() for q in self.QUIET))
 
 
-def configure_kopf(settings: kopf.OperatorSettings) -> None:
+class UnreadDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff base for an operator that has no change handler and no daemon: no essence.
+
+    On every watch event kopf builds the object's essence (what a change handler compares with
+    the last handled one) by deep-copying the whole object and then dropping its metadata and
+    status. Only change handlers and daemons read it (and its diff); this operator has neither,
+    and for 100 jobs that copy was a fifth of the operator's CPU (benchmarks/README.md, many
+    jobs). ``configure_kopf`` uses this storage only while the registry has neither kind of
+    handler, so adding one brings kopf's own back."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return {}
+
+
+def configure_kopf(settings: kopf.OperatorSettings, registry: Optional[kopf.OperatorRegistry] = None) -> None:
     """kopf's own state under the project's API group, and only our pods on the pod watch."""
+    registry = registry if registry is not None else kopf.get_default_registry()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.API_GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=names.API_GROUP, key="last-handled-configuration")
+    essence_read = bool(registry._changing.get_all_handlers() or registry._spawning.get_all_handlers())
+    storage = kopf.AnnotationsDiffBaseStorage if essence_read else UnreadDiffBaseStorage
+    settings.persistence.diffbase_storage = storage(prefix=names.API_GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{names.API_GROUP}/finalizer"  # never added: see above
     # Server-side filtering: the API server sends only pods that carry the job label, instead of
     # every pod of the cluster for kopf to drop.
     settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB_NAME
-    kopf_objects = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, _QuietWatchHandlers) for f in kopf_objects.filters):
-        kopf_objects.addFilter(_QuietWatchHandlers())
+    settings.watching.label_selectors["v1", "services"] = names.LABEL_JOB_NAME
+    for name in ("kopf.objects", "kopf.activities.probe"):
+        kopf_logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietWatchHandlers) for f in kopf_logger.filters):
+            kopf_logger.addFilter(_QuietWatchHandlers())
 
 
 def _kopf_event(body: Mapping[str, Any], event: Event) -> None:
@@ -80,11 +109,20 @@ RUNTIME = Runtime()
 # The handlers (each a few lines; all async and non-blocking, so none waits for a thread)
 # ---------------------------------------------------------------------------------------------
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     configure_kopf(settings)
     operator_settings = load_settings()
-    RUNTIME.start(operator_settings, Kube.connect, _kopf_event)
+    RUNTIME.start(operator_settings, Kube.connect, _kopf_event,
+                  elect=operator_elector if operator_settings.leader_election else None)
+    await RUNTIME.start_election()
     metrics.serve(operator_settings.metrics_port)
+
+
+@kopf.on.probe(id="leader")
+def leader_probe(**_: Any) -> dict[str, Any]:
+    """In the liveness endpoint's answer: this replica's identity and whether it leads (a
+    standby is alive and healthy too)."""
+    return RUNTIME.leadership()
 
 
 @kopf.on.cleanup()
@@ -104,7 +142,25 @@ async def ddpjob_pods(body: Mapping[str, Any], **_: Any) -> dict[JobKey, PodView
 
 
 @kopf.on.event("v1", "pods", labels=POD_FILTER)
-async def pod_event(body: Mapping[str, Any], **_: Any) -> None:
+async def pod_event(body: Mapping[str, Any], event: Optional[Mapping[str, Any]] = None, **_: Any) -> None:
+    """Wakes the pod's job when its view changed (``Runtime.pod_changed``)."""
+    meta = body.get("metadata") or {}
+    key = (str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME)))
+    gone = (event or {}).get("type") == "DELETED"
+    RUNTIME.pod_changed(key, str(meta.get("uid")), None if gone else view_pod(body))
+
+
+# The jobs' Services (labelled like their pods): a job's own Service deleted while it runs is
+# recreated at once, and a labelled Service of another owner with the job's name is seen before
+# anything is created. One that lacks the label is found by the creation (kube.create_service).
+@kopf.index("v1", "services", labels=POD_FILTER)
+async def ddpjob_services(body: Mapping[str, Any], **_: Any) -> dict[JobKey, ServiceView]:
+    meta = body.get("metadata") or {}
+    return {(str(meta.get("namespace")), str(meta["labels"][names.LABEL_JOB_NAME])): view_service(body)}
+
+
+@kopf.on.event("v1", "services", labels=POD_FILTER)
+async def service_event(body: Mapping[str, Any], **_: Any) -> None:
     meta = body.get("metadata") or {}
     RUNTIME.wake((str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME))))
 
@@ -125,8 +181,9 @@ async def workload_event(body: Mapping[str, Any], **_: Any) -> None:
 
 @kopf.on.event(names.API_GROUP, names.API_VERSION, names.PLURAL)
 async def ddpjob_event(event: Mapping[str, Any], ddpjob_pods: Mapping[JobKey, Any],
-                       ddpjob_workloads: Optional[Mapping[JobKey, Any]] = None, **_: Any) -> None:
-    RUNTIME.observe(event.get("type"), event["object"], ddpjob_pods, ddpjob_workloads)
+                       ddpjob_workloads: Optional[Mapping[JobKey, Any]] = None,
+                       ddpjob_services: Optional[Mapping[JobKey, Any]] = None, **_: Any) -> None:
+    RUNTIME.observe(event.get("type"), event["object"], ddpjob_pods, ddpjob_workloads, ddpjob_services)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +196,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     defaults = load_settings()
     parser = argparse.ArgumentParser(
         prog="ddpjob-operator",
-        description="The DDPJob operator: kopf, standalone (one replica, no peering), with a liveness endpoint.")
+        description="The DDPJob operator: kopf, standalone (no kopf peering; replicas elect a leader on a "
+        "Lease), with a liveness endpoint.")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
                        help="serve only this namespace (repeatable; default: $DDPJOB_OPERATOR_NAMESPACES, "

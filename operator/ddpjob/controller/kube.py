@@ -1,7 +1,19 @@
-"""The operator's own Kubernetes requests: create, delete and patch, nothing else.
+"""The operator's own Kubernetes requests: nine kinds of write and three reads, nothing else, and
+the leader election's Lease (get, create, update: ``controller.leader``).
 
-Reads never happen here: what the operator knows of pods comes from kopf's watch (the pod
-index), so the request count per pod is a constant (one create, at most one delete).
+Writes: patch a DDPJob's status, create its Service, create and delete its pods, relabel a pod
+it restarted in place (a JSON patch of its attempt label that tests the pod's uid), delete the
+DDPJob (ttlSecondsAfterFinished); for a job Kueue queues, create its Workload, patch that
+Workload's status, and delete it when it is stale (the job queues again with a new one). Reads:
+the Service with the job's name when creating it found one there (whose it is), and only for
+Kueue, a WorkloadPriorityClass (once per Workload created) and the admitted ResourceFlavors (when
+an admitted gang is created). Pods, DDPJobs, the job's Services and Workloads are never listed
+here: what the operator knows of them comes from kopf's watches (the indexes), so the request
+count per pod is a constant (one create, at most one delete).
+
+Every write but the Lease's passes the ``fence`` first: a replica that is not the leader (or
+no longer sure it is: its renew deadline passed) sends nothing (docs/operator.md, "High
+availability").
 
 Requests go through the official client's ``ApiClient`` (its auth, TLS and kubeconfig handling)
 with plain dicts as bodies. The typed ``CoreV1Api`` methods of kubernetes>=35 validate bodies
@@ -9,7 +21,8 @@ with pydantic models that refuse fields they do not know, and a pod template is 
 to fill; the API server is the one validator. Responses are not deserialised into models either
 (a 256-pod gang would spend seconds of CPU on objects nobody reads).
 
-Many-pod operations run on a thread pool, so a gang's POSTs overlap instead of being sequential
+Many-pod operations run on a thread pool of their own (``Kube.pool``, create_workers threads;
+workqueue.py lists the operator's pools), so a gang's POSTs overlap instead of being sequential
 round trips.
 """
 from __future__ import annotations
@@ -19,7 +32,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from ddpjob.api import names
 from ddpjob.controller import metrics
@@ -28,6 +41,8 @@ from ddpjob.controller.settings import OperatorSettings
 logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "ddpjob-operator"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+NOT_LEADER = "NotLeader"
 
 
 class ApiError(Exception):
@@ -71,7 +86,8 @@ class CreateOutcome:
 
 
 class KubeApi(Protocol):
-    """What one reconcile pass may do to the cluster: the operator's five writes, nothing else.
+    """What one reconcile pass may do to the cluster: the operator's five writes and one read
+    (whose a Service in the way is), and for Kueue three more writes and two reads; nothing else.
 
     ``Kube`` implements it over HTTP; the unit tests pass a fake. Keeping the list this short is
     part of the security story (docs/security.md): the operator touches only what it owns.
@@ -79,7 +95,7 @@ class KubeApi(Protocol):
 
     def patch_status(self, namespace: str, name: str, status: dict) -> dict: ...
 
-    def create_service(self, service: dict) -> None: ...
+    def create_service(self, service: dict) -> Optional[dict]: ...
 
     def create_pods(self, pods: Sequence[dict]) -> list[CreateOutcome]: ...
 
@@ -88,10 +104,14 @@ class KubeApi(Protocol):
 
     def delete_job(self, namespace: str, name: str, uid: Optional[str]) -> None: ...
 
+    def relabel_pod(self, namespace: str, name: str, uid: str, labels: Mapping[str, str]) -> None: ...
+
     # Kueue (only for a DDPJob that names a LocalQueue; docs/kueue.md)
     def create_workload(self, workload: dict) -> None: ...
 
     def patch_workload_status(self, namespace: str, name: str, patch: dict) -> None: ...
+
+    def delete_workload(self, namespace: str, name: str, uid: str) -> None: ...
 
     def get_workload_priority(self, name: str) -> int: ...
 
@@ -105,6 +125,9 @@ class Kube:
         self.api = api_client
         self.settings = settings
         self.pool = ThreadPoolExecutor(max_workers=settings.create_workers, thread_name_prefix="ddpjob-kube")
+        # Whether this replica may write now (the leader election's verdict, checked before
+        # every request but the Lease's); a lone operator always may.
+        self.fence: Callable[[], bool] = lambda: True
 
     @classmethod
     def connect(cls, settings: OperatorSettings) -> "Kube":
@@ -119,8 +142,8 @@ class Kube:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
             config.load_kube_config(config_file=settings.kubeconfig, client_configuration=configuration)
-        # One connection per worker thread (pod requests, and the two pools of reconcile passes in
-        # handlers.Runtime), or urllib3 discards and reopens connections.
+        # One connection per thread that makes requests (this pool's, and the two pools of
+        # reconcile passes in workqueue.Runtime), or urllib3 discards and reopens connections.
         configuration.connection_pool_maxsize = settings.create_workers + 2 * settings.reconcile_workers
         return cls(client.ApiClient(configuration), settings)
 
@@ -132,7 +155,10 @@ class Kube:
 
     # --- one request ---------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, *, what: str = "",
-                content_type: str = "application/json", query: Optional[list] = None) -> dict:
+                content_type: str = "application/json", query: Optional[list] = None,
+                timeout: Optional[float] = None, fenced: bool = True) -> dict:
+        if fenced and method != "GET" and not self.fence():
+            raise ApiError(0, NOT_LEADER, "this replica does not hold the leader Lease: it writes nothing", what)
         headers = {"Accept": "application/json", "Content-Type": content_type}
         query = list(query or [])
         if method in ("POST", "PATCH", "PUT"):
@@ -140,7 +166,7 @@ class Kube:
         params = self.api.param_serialize(method=method, resource_path=path, query_params=query or None,
                                           header_params=headers, body=body, auth_settings=["BearerToken"])
         try:
-            response = self.api.call_api(*params, _request_timeout=self.settings.request_timeout_seconds)
+            response = self.api.call_api(*params, _request_timeout=timeout or self.settings.request_timeout_seconds)
         except Exception as exc:  # connection refused, timeout, TLS: the same path as an API error
             metrics.API_REQUESTS.labels(method, "0").inc()
             raise ApiError(0, type(exc).__name__, str(exc), what) from exc
@@ -165,13 +191,23 @@ class Kube:
                            content_type="application/merge-patch+json")
         return obj.get("status") or {}
 
-    def create_service(self, service: dict) -> None:
+    def create_service(self, service: dict) -> Optional[dict]:
+        """Create the job's Service; None once created. If one of that name exists already, it
+        is returned as the API server holds it (one GET): whose it is decides whether the job
+        may use it (a Service of another owner is never adopted, changed or deleted)."""
         ns, name = service["metadata"]["namespace"], service["metadata"]["name"]
         try:
             self.request("POST", f"/api/v1/namespaces/{ns}/services", service, what=f"create Service {name}")
         except ApiError as exc:
             if not exc.already_exists:
                 raise
+            try:
+                return self.request("GET", f"/api/v1/namespaces/{ns}/services/{name}", what=f"get Service {name}")
+            except ApiError as again:
+                if again.not_found:  # deleted in between: the next pass creates it
+                    return {"metadata": {"name": name}}
+                raise
+        return None
 
     def create_pods(self, pods: Sequence[dict]) -> list[CreateOutcome]:
         """Create every pod at once; "already exists" counts as created (idempotent by name)."""
@@ -210,6 +246,15 @@ class Kube:
             return DeleteOutcome(name, uid, False, exc)
         return DeleteOutcome(name, uid, force)
 
+    def relabel_pod(self, namespace: str, name: str, uid: str, labels: Mapping[str, str]) -> None:
+        """Set ``labels`` on the pod ``name`` if it is still the pod ``uid`` (a JSON patch whose
+        test of the uid fails, 422, when the name is another pod's by now)."""
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        ops += [{"op": "add", "path": "/metadata/labels/" + k.replace("~", "~0").replace("/", "~1"), "value": v}
+                for k, v in labels.items()]
+        self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", ops,
+                     what=f"relabel pod {name}", content_type="application/json-patch+json")
+
     def delete_job(self, namespace: str, name: str, uid: Optional[str]) -> None:
         """ttlSecondsAfterFinished: the DDPJob goes; its children follow by garbage collection."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
@@ -243,9 +288,23 @@ class Kube:
         self.request("PATCH", path, patch, what=f"patch status of Workload {name}",
                      content_type="application/merge-patch+json")
 
+    def delete_workload(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the job's stale Workload (the job queues again with a new one). The uid
+        precondition: never the new Workload of the same name; 404 and 409: gone already."""
+        from ddpjob.controller import kueue
+
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid},
+                "propagationPolicy": "Background"}
+        path = f"/apis/{kueue.GROUP}/{kueue.VERSION}/namespaces/{namespace}/workloads/{name}"
+        try:
+            self.request("DELETE", path, body, what=f"delete Workload {name}")
+        except ApiError as exc:
+            if not (exc.not_found or exc.status == 409):
+                raise
+
     def get_workload_priority(self, name: str) -> int:
-        """The value of a WorkloadPriorityClass: the one read the operator makes, once per
-        Workload it creates (Kueue's webhook does not fill a Workload's priority in)."""
+        """The value of a WorkloadPriorityClass, read once per Workload the operator creates
+        (Kueue's webhook does not fill a Workload's priority in)."""
         from ddpjob.controller import kueue
 
         obj = self.request("GET", f"/apis/{kueue.GROUP}/{kueue.VERSION}/workloadpriorityclasses/{name}",
@@ -259,3 +318,27 @@ class Kube:
 
         return self.request("GET", f"/apis/{kueue.GROUP}/{kueue.VERSION}/resourceflavors/{name}",
                             what=f"get ResourceFlavor {name}")
+
+    # --- the leader election's Lease (controller.leader; docs/operator.md, High availability) --
+    def get_lease(self, namespace: str, name: str, *, timeout: float) -> Optional[dict]:
+        """The Lease, or None if there is none yet."""
+        try:
+            return self.request("GET", f"{LEASES.format(namespace=namespace)}/{name}", what=f"get Lease {name}",
+                                timeout=timeout, fenced=False)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def create_lease(self, lease: dict, *, timeout: float) -> dict:
+        """Create the Lease; "already exists" is an error here (another replica was first)."""
+        meta = lease["metadata"]
+        return self.request("POST", LEASES.format(namespace=meta["namespace"]), lease,
+                            what=f"create Lease {meta['name']}", timeout=timeout, fenced=False)
+
+    def replace_lease(self, lease: dict, *, timeout: float) -> dict:
+        """Update (PUT) the Lease; its metadata.resourceVersion makes it fail with 409 if
+        anyone wrote it since."""
+        meta = lease["metadata"]
+        return self.request("PUT", f"{LEASES.format(namespace=meta['namespace'])}/{meta['name']}", lease,
+                            what=f"update Lease {meta['name']}", timeout=timeout, fenced=False)

@@ -13,9 +13,19 @@ frameworks built into Kueue (sigs.k8s.io/kueue v0.17 pkg/controller/jobframework
   Workload's admission (``QuotaReserved`` False, reason Pending; ``Requeued``), so Kueue queues
   it again. The next admission creates the next attempt, which resumes from the checkpoint;
 * finished (Succeeded/Failed): set the Workload's ``Finished`` condition, which releases its
-  quota at once.
+  quota at once;
+* changed (``standing``): a Workload that no longer describes the pods the job would create
+  (nnodes, the pod template, the LocalQueue: a queued job edited, a suspended one reshaped) is
+  deleted once the job has no pod left and a new one is created, i.e. the job queues again, as
+  Kueue does when a job's pod sets no longer match its Workload (``EnsureOneWorkload``). A job
+  that names no LocalQueue any more gives its Workload up the same way (or marks it Finished
+  when it ends): what Kueue admitted is always released, whatever the labels say now.
 
-Plain data in, plain data out; reconcile.py does the requests.
+Which Workload is the job's: the one whose controller ownerReference is the job's uid. Others
+that carry the job's label are ignored, never deleted or patched.
+
+Plain data in, plain data out (``pod_flavors`` and ``plan_workload`` are a pass's Kueue steps);
+reconcile.py does the requests.
 """
 from __future__ import annotations
 
@@ -25,9 +35,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ddpjob.api import names
 from ddpjob.api import spec
-from ddpjob.api.status import SUCCEEDED, JobStatus
+from ddpjob.api.status import CREATED, SUCCEEDED, JobStatus, format_time
 from ddpjob.controller import builders
-from ddpjob.controller.status import format_time
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"  # the storage version of Kueue v0.15+; v1beta1 is still served
@@ -38,6 +47,12 @@ QUEUE_LABEL = f"{GROUP}/queue-name"
 PRIORITY_LABEL = f"{GROUP}/priority-class"
 WORKLOAD_PRIORITY_CLASS_KIND = "WorkloadPriorityClass"
 POD_SET_NAME = "node"
+#: The LocalQueue of a job without the queue label when the operator manages every DDPJob
+#: (``manage_jobs_without_queue_name``): the name Kueue's LocalQueueDefaulting uses.
+DEFAULT_LOCAL_QUEUE = "default"
+#: On the Workload: the fingerprint (``spec.pod_spec_hash``) of the spec its pod set was built
+#: from, so that any pod-shaping edit (not only nnodes or requests) is noticed.
+POD_SPEC_HASH_ANNOTATION = f"{names.API_GROUP}/pod-spec-hash"
 # Condition types and reasons of a Workload (apis/kueue/v1beta2/workload_types.go).
 QUOTA_RESERVED = "QuotaReserved"
 ADMITTED = "Admitted"
@@ -49,7 +64,7 @@ _REQUEUE_REASONS = ("Preempted", "NodeFailures")
 
 
 def queue_name(job: spec.DDPJob) -> Optional[str]:
-    """The LocalQueue the job names, or None: a job without the label is not Kueue's."""
+    """The LocalQueue the job's label names, or None."""
     return (job.labels or {}).get(QUEUE_LABEL) or None
 
 
@@ -76,6 +91,9 @@ class WorkloadView:
     cluster_queue: str = ""
     deleting: bool = False
     flavors: tuple[str, ...] = ()  # the ResourceFlavors admitted for the pod set, sorted
+    queue_name: str = ""  # spec.queueName
+    pod_count: Optional[int] = None  # the count of the pod set "node" (None: no such pod set)
+    pod_spec_hash: str = ""  # POD_SPEC_HASH_ANNOTATION ("" on a Workload of an older operator)
 
     def condition(self, type_: str) -> Optional[Mapping[str, Any]]:
         return next((c for c in self.conditions if c.get("type") == type_), None)
@@ -88,27 +106,33 @@ class WorkloadView:
 def view_workload(obj: Mapping[str, Any]) -> WorkloadView:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
-    owner = next((o.get("uid") for o in meta.get("ownerReferences") or ()
-                  if o.get("kind") == names.KIND and o.get("controller")), None)
     admission = status.get("admission") or {}
+    wl_spec = obj.get("spec") or {}
+    pod_sets = [ps for ps in wl_spec.get("podSets") or () if isinstance(ps, Mapping)]
+    count = pod_sets[0].get("count") if len(pod_sets) == 1 and pod_sets[0].get("name") == POD_SET_NAME else None
     return WorkloadView(
-        name=str(meta.get("name", "")), uid=str(meta.get("uid", "")), owner_uid=owner,
+        name=str(meta.get("name", "")), uid=str(meta.get("uid", "")), owner_uid=builders.owner_uid(meta),
         generation=int(meta.get("generation") or 0),
         resource_version=str(meta.get("resourceVersion") or ""),
         conditions=tuple(dict(c) for c in status.get("conditions") or ()),
         has_admission=bool(admission), cluster_queue=str(admission.get("clusterQueue") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
         flavors=tuple(sorted({str(f) for a in admission.get("podSetAssignments") or ()
-                              if a.get("name") == POD_SET_NAME for f in (a.get("flavors") or {}).values()})))
+                              if a.get("name") == POD_SET_NAME for f in (a.get("flavors") or {}).values()})),
+        queue_name=str(wl_spec.get("queueName") or ""),
+        pod_count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+        pod_spec_hash=str((meta.get("annotations") or {}).get(POD_SPEC_HASH_ANNOTATION) or ""))
 
 
-def build_workload(job: spec.DDPJob, priority: Optional[int] = None) -> dict[str, Any]:
+def build_workload(job: spec.DDPJob, priority: Optional[int] = None,
+                   queue: Optional[str] = None) -> dict[str, Any]:
     """The Workload of a queued job: one PodSet of nnodes pods shaped like rank 0's pod (every
-    pod of a gang asks for the same resources), so Kueue reserves quota for the whole gang."""
+    pod of a gang asks for the same resources), so Kueue reserves quota for the whole gang.
+    ``queue``: the LocalQueue (``Standing.queue``; default: the job's label)."""
     pod = builders.build_pod(job, 0, 0)
     template = {"metadata": {"labels": {names.LABEL_JOB_NAME: job.name}}, "spec": pod["spec"]}
     wl_spec: dict[str, Any] = {
-        "queueName": queue_name(job),
+        "queueName": queue or queue_name(job),
         "podSets": [{"name": POD_SET_NAME, "count": job.spec.nnodes, "template": template}],
     }
     klass = priority_class(job)
@@ -117,7 +141,8 @@ def build_workload(job: spec.DDPJob, priority: Optional[int] = None) -> dict[str
         wl_spec["priorityClassRef"] = {"group": GROUP, "kind": WORKLOAD_PRIORITY_CLASS_KIND, "name": klass}
         wl_spec["priority"] = int(priority or 0)
     meta: dict[str, Any] = {"name": workload_name(job), "namespace": job.namespace,
-                            "labels": {names.LABEL_JOB_NAME: job.name}}
+                            "labels": {names.LABEL_JOB_NAME: job.name},
+                            "annotations": {POD_SPEC_HASH_ANNOTATION: spec.pod_spec_hash(job.spec)}}
     if job.uid:
         meta["ownerReferences"] = [builders.owner_reference(job)]
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Workload", "metadata": meta, "spec": wl_spec}
@@ -151,17 +176,79 @@ class Hold:
     message: str
 
 
-def hold(job: spec.DDPJob, status: JobStatus, workload: Optional[WorkloadView]) -> Optional[Hold]:
-    """Whether Kueue keeps the job from running (None: no queue, finished, or admitted)."""
+@dataclass(frozen=True)
+class Standing:
+    """Where the job stands with Kueue in this pass (``standing``)."""
+
+    queue: Optional[str] = None  # the LocalQueue it is queued in (its label, or the default); None: none
+    workload: Optional[WorkloadView] = None  # its own Workload (controlled by the job's uid)
+    namesake: Optional[WorkloadView] = None  # a Workload with its Workload's name that is not its own
+    stale: Optional[str] = None  # why its own Workload no longer describes the job, or None
+
+
+def started(status: JobStatus) -> bool:
+    """Whether the job has ever had a gang (a running job is never queued after the fact)."""
+    return status.restartAttempt > 0 or status.is_true(CREATED) or status.terminal
+
+
+def standing(job: spec.DDPJob, status: JobStatus, workloads: Sequence[WorkloadView], *,
+             manage_without_queue_name: bool = False) -> Standing:
+    """Which Workload is the job's, which LocalQueue it is queued in, and whether that Workload
+    still describes it.
+
+    The queue: the job's label; without it, with ``manage_without_queue_name`` (the operator's
+    setting, Kueue's ``manageJobsWithoutQueueName``), the LocalQueue named ``default`` in the
+    job's namespace (Kueue's LocalQueueDefaulting), but only for a job that has a Workload
+    already or has never had a gang: turning the setting on never stops a running job.
+
+    Stale (re-queue: ``plan_workload`` deletes it once no pod is left and creates a new one):
+    the job is suspended (``spec.suspend``: a stopped job holds no quota; resumed, it queues
+    again, as Kueue's own job kinds do), or it is queued nowhere now, or in another LocalQueue,
+    or the pods it would create (the
+    next attempt's, from the spec; while an attempt runs, that attempt's, as recorded in the
+    status) are not the Workload's pod set (count, or the spec's fingerprint)."""
+    own = [w for w in workloads if job.uid is None or w.owner_uid == job.uid]
+    workload = next((w for w in own if w.name == workload_name(job)), own[0] if own else None)
+    namesake = next((w for w in workloads if w not in own and w.name == workload_name(job)), None)
     queue = queue_name(job)
+    if queue is None and manage_without_queue_name and (workload is not None or not started(status)):
+        queue = DEFAULT_LOCAL_QUEUE
+    return Standing(queue=queue, workload=workload, namesake=namesake,
+                    stale=None if workload is None else _stale(job, status, workload, queue))
+
+
+def _stale(job: spec.DDPJob, status: JobStatus, workload: WorkloadView, queue: Optional[str]) -> Optional[str]:
+    if job.spec.suspend:
+        return f"the job is suspended: Workload {workload.name} gives its quota back"
+    if queue is None:
+        return f"the job names no LocalQueue any more (Workload {workload.name} was in {workload.queue_name})"
+    if queue != workload.queue_name:
+        return f"the job moved from LocalQueue {workload.queue_name} to {queue}"
+    if status.is_true(CREATED) and not status.terminal and status.podSpecHash:
+        nnodes, shape = status.nnodes, status.podSpecHash  # the running attempt's own shape
+    else:
+        nnodes, shape = job.spec.nnodes, spec.pod_spec_hash(job.spec)
+    if workload.pod_count != nnodes:
+        return (f"Workload {workload.name} was admitted for {workload.pod_count} pod(s), "
+                f"the job now has {nnodes}")
+    if workload.pod_spec_hash and workload.pod_spec_hash != shape:
+        return f"the pod template changed since Workload {workload.name} was built"
+    return None
+
+
+def hold(job: spec.DDPJob, status: JobStatus, place: Standing) -> Optional[Hold]:
+    """Whether Kueue keeps the job from running (None: not queued, finished, or admitted)."""
+    queue, workload = place.queue, place.workload
     if queue is None or status.terminal:
         return None
     where = f"LocalQueue {queue}"
+    if place.stale is not None:
+        return Hold("Queued", f"queued in {where}: {place.stale}: queueing again with a new Workload")
     if workload is None:
+        if place.namesake is not None:
+            return Hold("Queued", f"queued in {where}: Workload {place.namesake.name} belongs to another "
+                        "object (a deleted namesake's, going by garbage collection)")
         return Hold("Queued", f"queued in {where}: creating Workload {workload_name(job)}")
-    if job.uid is not None and workload.owner_uid != job.uid:
-        return Hold("Queued", f"queued in {where}: Workload {workload.name} belongs to another "
-                    "object (a deleted namesake's, going by garbage collection)")
     if workload.is_true(EVICTED):
         cond = workload.condition(EVICTED) or {}
         reason = "Preempted" if cond.get("reason") == "Preempted" else "Evicted"
@@ -175,6 +262,56 @@ def hold(job: spec.DDPJob, status: JobStatus, workload: Optional[WorkloadView]) 
                 f"one unit): {why}")
 
 
+@dataclass
+class WorkloadBook:
+    """A job worker's memory of its Workload: whose Workload this process created, and whether
+    the watch has shown it since (so one that disappears is told from one not seen yet)."""
+
+    created_for: Optional[str] = None  # the job uid whose Workload this process created
+    seen_for: Optional[str] = None  # ... and whose Workload the watch has shown since
+
+
+@dataclass(frozen=True)
+class WorkloadPlan:
+    """What one pass does about a queued job's Workload, after the job's own plan."""
+
+    create: bool = False  # create it: not created by this process yet, or seen and gone since
+    queue: Optional[str] = None  # ... in this LocalQueue
+    delete: Optional[WorkloadView] = None  # delete this one (stale, no pod left): the job queues again
+    priority_class: Optional[str] = None  # ... with this WorkloadPriorityClass's value (a read)
+    status_patch: Optional[dict[str, Any]] = None  # what Kueue must learn (workload_status_update)
+
+
+def pod_flavors(place: Standing, creating: bool) -> tuple[str, ...]:
+    """The ResourceFlavors whose node labels and tolerations go on the pods a pass creates
+    (``with_flavors``): those Kueue admitted the gang on; none for a job Kueue does not queue."""
+    if not creating or place.workload is None or place.queue is None or place.stale is not None:
+        return ()
+    return place.workload.flavors
+
+
+def plan_workload(job: spec.DDPJob, status: JobStatus, place: Standing, book: WorkloadBook,
+                  pods_left: int, now: dt.datetime) -> Optional[WorkloadPlan]:
+    """What to do about the job's Workload once the pass has written ``status`` (None: the job
+    is not queued and owns no Workload). It is created if the watch has not shown it (once per
+    job: "already exists" is success), or again when it was seen and is gone since (someone
+    deleted it, or this operator did because it was stale: the gang has been stopped, as Kueue
+    does, and queues again with a new Workload). A stale one is deleted once no pod of the job
+    is left (the quota stays reserved while pods of what it admitted still exist). A suspended
+    job has none: it queues again when resumed."""
+    workload = place.workload
+    if place.queue is None and workload is None:
+        return None
+    create = (place.queue is not None and workload is None and place.namesake is None
+              and not status.terminal and not job.spec.suspend and (book.created_for != job.uid or book.seen_for == job.uid))
+    delete = (workload if workload is not None and place.stale is not None and not workload.deleting
+              and not status.terminal and pods_left == 0 else None)
+    return WorkloadPlan(create=create, queue=place.queue if create else None, delete=delete,
+                        priority_class=priority_class(job) if create else None,
+                        status_patch=None if delete else workload_status_update(
+                            job, status, workload, pods_left, now))
+
+
 def workload_status_update(job: spec.DDPJob, status: JobStatus, workload: Optional[WorkloadView],
                            pods_left: int, now: dt.datetime) -> Optional[dict[str, Any]]:
     """The Workload status to write after this pass (the body of a merge patch that carries
@@ -184,8 +321,8 @@ def workload_status_update(job: spec.DDPJob, status: JobStatus, workload: Option
     A finished job sets ``Finished`` (Kueue releases the quota at once). An evicted job whose
     pods are all gone gives its reservation back, as Kueue's job reconciler does
     (``UnsetQuotaReservationWithCondition`` + ``SetRequeuedCondition``): Kueue then queues it
-    again."""
-    if queue_name(job) is None or workload is None or workload.deleting:
+    again. Whatever the job's labels say now: what was admitted is released."""
+    if workload is None or workload.deleting:
         return None
     if job.uid is not None and workload.owner_uid != job.uid:
         return None

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, Optional
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from ddpjob.api.status import PHASES
+from ddpjob.api.status import PHASES, RESTARTING_TIME, TRAINING_TIME, Goodput
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,15 @@ PROGRESS_WRITES_DEFERRED = Counter(
     "ddpjob_progress_status_writes_deferred_total",
     "Progress-only status writes held back by DDPJOB_OPERATOR_PROGRESS_STATUS_INTERVAL_SECONDS.")
 
+RESTART_SECONDS = Histogram(
+    "ddpjob_gang_restart_duration_seconds",
+    "Time a gang restart cost: from the failure seen to the next attempt's first progress report "
+    "(status.goodput.lastRestartSeconds).",
+    buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600))
+
+LEADER = Gauge(
+    "ddpjob_leader", "1 while this replica holds the leader Lease and reconciles; 0 while it stands by.")
+
 
 class _JobsByPhase:
     """``ddpjob_jobs{phase}``: the jobs this operator reconciles, by the phase it last wrote."""
@@ -56,6 +65,39 @@ class _JobsByPhase:
 
 JOBS_BY_PHASE = _JobsByPhase()
 REGISTRY.register(JOBS_BY_PHASE)
+
+
+class _GoodputByJob:
+    """``ddpjob_job_goodput_ratio{namespace,name}``: each job's status.goodput.ratio, as last
+    written, for the jobs this operator reconciles (a job's series goes with its worker)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[tuple[str, str, Optional[Goodput]]]] = lambda: ()
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "ddpjob_job_goodput_ratio", "Share of the job's wall time spent training (status.goodput.ratio).",
+            labels=["namespace", "name"])
+        for namespace, name, goodput in self.source():
+            if goodput is not None:
+                family.add_metric([namespace, name], goodput.ratio)
+        yield family
+
+
+GOODPUT_BY_JOB = _GoodputByJob()
+REGISTRY.register(GOODPUT_BY_JOB)
+
+
+def goodput_from(source: Callable[[], Iterable[tuple[str, str, Optional[Goodput]]]]) -> None:
+    """Where ``ddpjob_job_goodput_ratio`` reads each job's goodput (the operator's workers)."""
+    GOODPUT_BY_JOB.source = source
+
+
+def observe_goodput(old: Optional[Goodput], new: Optional[Goodput]) -> None:
+    """A status write that ended a restart (the next attempt reported): its duration observed."""
+    if (old is not None and new is not None and old.segment == RESTARTING_TIME
+            and new.segment == TRAINING_TIME and new.lastRestartSeconds is not None):
+        RESTART_SECONDS.observe(new.lastRestartSeconds)
 
 
 def count_jobs_from(source: Callable[[], Iterable[str]]) -> None:

@@ -1,28 +1,37 @@
-"""One reconcile pass of one DDPJob: parse, decide, act, write status.
+"""One reconcile pass of one DDPJob: parse, observe, decide, act.
 
-Synchronous and free of kopf: the job's worker (workqueue.py) runs it in a thread with the pods of the job as
-kopf's watch last saw them, and tests run it with a fake ``Kube``. Any API error reaches the
-status (reason ReconcileError) and a Warning event: the peers' users never see theirs
-(kubeflow/trainer#2713, #3666, #3671).
+The pass gathers what the operator saw into one ``decide.Observation``, takes the ``Plan`` that
+``decide`` returns and the Kueue steps of ``kueue``, and carries them out: it decides nothing
+itself. The status is written first, its Events once the write succeeded, then the children.
+
+Synchronous and free of kopf: the job's worker (workqueue.py) runs it in a thread with the pods
+of the job as kopf's watch last saw them, and tests run it with a fake ``Kube``. Any API error
+reaches the status (reason ReconcileError) and a Warning event: the peers' users never see
+theirs (kubeflow/trainer#2713, #3666, #3671).
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ddpjob import contract
-from ddpjob.controller import builders, kueue
+from ddpjob.controller import builders, kueue, progress, restart_orders, stall_stacks
 from ddpjob.controller import metrics
+from ddpjob.api import goodput, node_exclusion
 from ddpjob.api import progress as progress_reports
 from ddpjob.api import spec
-from ddpjob.controller.decide import Event, Plan, PodView, decide, decide_invalid, refuse_creation
-from ddpjob.controller.kube import ApiError, KubeApi
+from ddpjob.api.status import RUNNING, STATUS_MESSAGE_LIMIT, JobStatus, shorten
+from ddpjob.api import names
+from ddpjob.controller.decide import (
+    Event, Observation, Plan, PodView, ServiceView, StacksRequest, decide, decide_invalid, is_ours,
+    refuse_creation, soonest, view_service,
+)
+from ddpjob.controller.kube import NOT_LEADER, ApiError, KubeApi
 from ddpjob.controller.settings import OperatorSettings
-from ddpjob.api.status import RUNNING, STATUS_MESSAGE_LIMIT, JobStatus
-from ddpjob.controller.status import shorten
 
 logger = logging.getLogger("ddpjob.controller.reconcile")
 
@@ -31,34 +40,86 @@ Parse = Callable[[Mapping[str, Any]], spec.DDPJob]
 
 
 @dataclass
+class Creations:
+    """The pods of one attempt this process asked the API server for."""
+
+    attempt: int = 0
+    created: set[int] = field(default_factory=set)  # ranks created (the watch may not show them yet)
+    refused: dict[int, str] = field(default_factory=dict)  # rank -> why the API server refused it
+
+    def of(self, attempt: int) -> "Creations":
+        """This attempt's creations (none yet if the record is another attempt's)."""
+        return self if attempt == self.attempt else Creations(attempt)
+
+
+@dataclass
+class ProgressPolling:
+    """The current attempt's progress reports and the polls of its pods that bring them.
+
+    A poll the pass wants, (attempt, the pods to ask), is left in ``due`` for the worker to run off the
+    reconcile threads; the answers come back through ``answers`` (appended by the worker, taken
+    by the next pass: a deque, whose append and popleft are thread-safe)."""
+
+    reports: Optional[progress_reports.GangProgress] = None
+    next_poll: Optional[dt.datetime] = None  # when to ask the pods again
+    due: Optional[tuple[int, tuple[progress.Target, ...]]] = None
+    answers: deque = field(default_factory=deque)
+    written_at: Optional[dt.datetime] = None  # the last status write that changed status.progress
+
+
+@dataclass
+class ErrorBackoff:
+    """Consecutive failed passes (the retry delay doubles with each) and the last error announced."""
+
+    consecutive: int = 0
+    last_message: str = ""
+
+
+@dataclass
 class JobMemory:
     """What a job's worker remembers between passes. Losing it (an operator restart) costs
     nothing but a few idempotent requests: the status and the pods hold the truth."""
 
     status: Optional[JobStatus] = None  # the status last written; authoritative once set
-    created: dict[int, set[int]] = field(default_factory=dict)  # attempt -> ranks created
-    refused: dict[int, dict[int, str]] = field(default_factory=dict)  # attempt -> rank -> why not
+    parsed: Optional[tuple[Any, spec.DDPJob]] = None  # ((generation, uid, labels), job)
     gone_uids: set[str] = field(default_factory=set)  # deleted, whatever a stale watch says
-    parsed: Optional[tuple[Any, spec.DDPJob]] = None  # (generation, job)
-    consecutive_errors: int = 0
-    last_error: str = ""
-    progress: Optional[progress_reports.GangProgress] = None  # the current attempt's reports
-    next_poll: Optional[dt.datetime] = None  # when to ask the pods for progress again
-    # A progress poll the pass wants, (attempt, pod IPs), for the worker to run off the
-    # reconcile threads; the answers come back through poll_answers (appended by the worker,
-    # taken by the next pass: a deque, whose append and popleft are thread-safe).
-    poll_due: Optional[tuple[int, tuple[str, ...]]] = None
-    poll_answers: deque = field(default_factory=deque)
-    progress_written: Optional[dt.datetime] = None  # the last status write for progress alone
-    workload_created: Optional[str] = None  # the job uid whose Kueue Workload this process created
-    workload_seen: Optional[str] = None  # ... and whose Workload the watch has shown since
+    creations: Creations = field(default_factory=Creations)
+    polling: ProgressPolling = field(default_factory=ProgressPolling)
+    workload: kueue.WorkloadBook = field(default_factory=kueue.WorkloadBook)
+    errors: ErrorBackoff = field(default_factory=ErrorBackoff)
+    # A Service not the job's that a creation found with the job's name, and when: what the
+    # pass knows of it when the Service watch does not show it (it lacks the job label). It is
+    # looked at again (a creation, a GET) every creation_retry_max_seconds.
+    service_found: Optional[tuple[ServiceView, dt.datetime]] = None
+    in_place: "InPlaceMemory" = field(default_factory=lambda: InPlaceMemory())
 
 
-Poll = Callable[[Sequence[str], int, float], list]
+@dataclass
+class InPlaceMemory:
+    """In-place restarts: the pods seen ready (a pod whose readiness drops after that is asked
+    what happened), and the pods ordered into a new attempt whose relabelling the watch may not
+    show yet (uid -> attempt)."""
+
+    seen_ready: set[str] = field(default_factory=set)
+    ordered: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What carrying out a plan came to: when the next pass is due, a creation the API server
+    refused for a reason no retry can fix (its message), which fails the job, and a Service of
+    another owner found in the job's Service's place (no pod was created)."""
+
+    requeue_after: Optional[float] = None
+    refusal: Optional[str] = None
+    service_in_the_way: Optional[ServiceView] = None
+
+
+Poll = Callable[[Sequence[progress.Target], int, float], list]
 
 
 def default_parse(obj: Mapping[str, Any]) -> spec.DDPJob:
-    from ddpjob.api.schema import parse_ddpjob  # imported late: the pure modules do not need it
+    from ddpjob.api.validation import parse_ddpjob  # imported late: the pure modules do not need it
 
     return parse_ddpjob(obj)
 
@@ -74,11 +135,15 @@ def reconcile(
     now: Optional[dt.datetime] = None,
     parse: Parse = default_parse,
     poll: Optional[Poll] = None,
-    workload: Optional[kueue.WorkloadView] = None,
+    workloads: Sequence[kueue.WorkloadView] = (),
+    services: Optional[Sequence[ServiceView]] = None,
 ) -> Optional[float]:
     """Bring the job one step closer to its spec; returns seconds until a clock needs another
-    pass (None: only a change will), or the retry backoff after an error. ``workload``: the
-    job's Kueue Workload as the watch last saw it (only for a job that names a LocalQueue)."""
+    pass (None: only a change will), or the retry backoff after an error. ``workloads``: the
+    Kueue Workloads labelled with the job's name, as the watch last saw them (the job's own is
+    the one it controls: ``kueue.standing``). ``services``: the Services labelled with the job's
+    name as the watch shows them (None: no Service watch, as in tools and tests; the Service is
+    then created with each gang only)."""
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None  # being deleted: the garbage collector takes the children
@@ -86,37 +151,57 @@ def reconcile(
     status = memory.status if memory.status is not None else JobStatus.from_dict(body.get("status"))
     all_uids = {p.uid for p in pods}
     memory.gone_uids &= all_uids  # forget what the watch has caught up with
-    pods = [p for p in pods if p.uid not in memory.gone_uids]
+    pods = _as_ordered([p for p in pods if p.uid not in memory.gone_uids], memory.in_place)
 
     job: Optional[spec.DDPJob] = None
+    place = kueue.Standing()
     try:
         job = _parsed(body, memory, parse)
-    except ValueError as exc:  # schema.InvalidDDPJob is a ValueError
-        plan = decide_invalid(status, f"invalid spec: {exc}", pods, now, uid=meta.get("uid"),
-                              generation=meta.get("generation"))
+    except ValueError as exc:  # validation.InvalidDDPJob is a ValueError
+        plan = decide_invalid(status, f"invalid spec: {exc}", Observation(pods, meta.get("generation")),
+                              now, uid=meta.get("uid"))
     else:
-        progress = _poll_progress(job, status, pods, memory, settings, now, poll)
-        plan = decide(job, status, pods, now, generation=meta.get("generation"),
-                      created_ranks=frozenset(memory.created.get(status.restartAttempt, ())),
-                      creation_errors=memory.refused.get(status.restartAttempt, {}),
-                      force_delete_after=settings.force_delete_after_seconds, progress=progress,
-                      hold=kueue.hold(job, status, workload))
+        place = _standing(job, status, workloads, settings)
+        seen = _observe(job, status, pods, meta.get("generation"), memory, place, settings, now, poll,
+                        services)
+        plan = decide(job, status, seen, now, force_delete_after=settings.force_delete_after_seconds)
     try:
         pods_job = job
-        if job is not None and plan.create_ranks and workload is not None and kueue.queue_name(job):
-            # Admitted: the pods go where the admitted ResourceFlavors say (node pool labels).
-            pods_job = kueue.with_flavors(job, [kube.get_resource_flavor(f) for f in workload.flavors])
-        requeue = _act(body, pods_job, status, plan, memory, kube, post_event, now, settings)
-        if job is not None and kueue.queue_name(job) is not None:
-            _act_on_workload(job, plan, pods, workload, memory, kube, now)
+        flavors = kueue.pod_flavors(place, bool(plan.create_ranks)) if job is not None else ()
+        if flavors:  # admitted: the pods go where the admitted ResourceFlavors say (node pool labels)
+            pods_job = kueue.with_flavors(job, [kube.get_resource_flavor(f) for f in flavors])
+        if pods_job is not None and plan.create_ranks:  # and off the nodes the job's failures implicate
+            pods_job = node_exclusion.avoiding(pods_job, plan.status.excludedNodes)
+        acted = _act(body, pods_job, status, plan, memory, kube, post_event, now, settings)
+        if acted.refusal is not None:
+            # A pod no retry can create (an admission policy, an invalid template): the job
+            # fails in this same pass, from the status just written for the creation (see _act).
+            written = memory.status or plan.status
+            refused = refuse_creation(job, written, acted.refusal, now)
+            acted = _act(body, job, written, refused, memory, kube, post_event, now, settings)
+        elif acted.service_in_the_way is not None:
+            # The Service's name is taken by another owner (the watch did not show it): no pod
+            # was created; decided again in this pass from what the creation found.
+            seen = replace(seen, service=acted.service_in_the_way)
+            held = decide(job, memory.status or plan.status, seen, now,
+                          force_delete_after=settings.force_delete_after_seconds)
+            acted = _act(body, pods_job, memory.status or plan.status, held, memory, kube, post_event, now,
+                         settings)
+        requeue = acted.requeue_after
+        if memory.service_found is not None:  # not watched: look again soon
+            requeue = soonest(requeue, settings.creation_retry_max_seconds)
+        if job is not None:
+            written = memory.status or plan.status
+            _act_on_workload(job, written, pods, _standing(job, written, workloads, settings), memory, kube, now)
         if plan.status.phase == RUNNING:
-            if memory.next_poll is None:  # the gang just started running: ask at the next pass
-                memory.next_poll = now
-            requeue = _soonest(requeue, (memory.next_poll - now).total_seconds())
+            if memory.polling.next_poll is None:  # the gang just started running: ask at the next pass
+                memory.polling.next_poll = now
+            requeue = soonest(requeue, (memory.polling.next_poll - now).total_seconds())
     except ApiError as exc:
         metrics.RECONCILE_ERRORS.labels("api").inc()
         delay = _report_error(body, exc, memory, kube, settings, post_event)
-        if delay is not None and memory.refused.get(plan.attempt) and exc.what.startswith("create pod"):
+        if (delay is not None and memory.creations.of(plan.attempt).refused
+                and exc.what.startswith("create pod")):
             # Pods refused for now (a quota): ask again soon, so that a lifted quota is noticed
             # in seconds; the status names the refusal meanwhile (and in a StartupTimeout).
             delay = min(delay, settings.creation_retry_max_seconds)
@@ -126,57 +211,146 @@ def reconcile(
         metrics.RECONCILE_ERRORS.labels("bug").inc()
         return _report_error(body, ApiError(0, type(exc).__name__, str(exc), "reconcile"),
                              memory, kube, settings, post_event)
-    memory.consecutive_errors, memory.last_error = 0, ""
+    memory.errors = ErrorBackoff()
     return requeue
 
 
-def _soonest(*delays: Optional[float]) -> Optional[float]:
-    present = [max(0.0, d) for d in delays if d is not None]
-    return min(present) if present else None
+def _standing(job: spec.DDPJob, status: JobStatus, workloads: Sequence[kueue.WorkloadView],
+              settings: OperatorSettings) -> kueue.Standing:
+    return kueue.standing(job, status, workloads,
+                          manage_without_queue_name=settings.manage_jobs_without_queue_name)
 
 
-def _poll_progress(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], memory: JobMemory,
+def _observe(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], generation: Optional[int],
+             memory: JobMemory, place: kueue.Standing, settings: OperatorSettings,
+             now: dt.datetime, poll: Optional[Poll],
+             services: Optional[Sequence[ServiceView]] = None) -> Observation:
+    """What this pass saw of the job: its pods, the current attempt's creations so far, its
+    progress reports, whether Kueue holds it, the Service with its name."""
+    creations = memory.creations.of(status.restartAttempt)
+    return Observation(pods, generation, created_ranks=frozenset(creations.created),
+                       creation_errors=dict(creations.refused),
+                       entry_states=_entry_states(job, status, pods, memory.in_place, settings),
+                       progress=_poll_progress(job, status, pods, memory.polling, settings, now, poll),
+                       hold=kueue.hold(job, status, place),
+                       service=_service(job, services, memory, settings, now),
+                       service_watched=services is not None)
+
+
+def _as_ordered(pods: list[PodView], in_place: InPlaceMemory) -> list[PodView]:
+    """The pods with the attempt they were ordered into, where the watch still shows the old
+    label; forgets what the watch has caught up with."""
+    uids = {p.uid for p in pods}
+    in_place.seen_ready &= uids
+    for p in pods:
+        if in_place.ordered.get(p.uid, -1) <= p.attempt:
+            in_place.ordered.pop(p.uid, None)
+    in_place.ordered = {uid: a for uid, a in in_place.ordered.items() if uid in uids}
+    return [replace(p, attempt=in_place.ordered[p.uid]) if p.uid in in_place.ordered else p for p in pods]
+
+
+def _entry_states(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], in_place: InPlaceMemory,
+                  settings: OperatorSettings) -> dict[str, restart_orders.EntryState]:
+    """Ask the entry points of the current attempt's pods whose readiness dropped after they
+    were seen ready what happened (their workers failed: they wait for an order). A pod never
+    seen ready by this process is not asked: if its workers failed it exits on its own when its
+    wait runs out, and the pod is recreated."""
+    asked: list[PodView] = []
+    for p in pods:
+        if not (is_ours(job, p) and p.attempt == status.restartAttempt and p.restart_token and p.pod_ip):
+            continue
+        if p.container_ready:
+            in_place.seen_ready.add(p.uid)
+        elif p.uid in in_place.seen_ready and p.running and not p.deleting:
+            asked.append(p)
+    if not asked:
+        return {}
+    # A whole gang's readiness drops together (its peers lose the dead rank): asked at once,
+    # so the pass waits one deadline, not one per pod.
+    with ThreadPoolExecutor(max_workers=min(len(asked), restart_orders.ORDERS_AT_ONCE)) as pool:
+        answers = list(pool.map(lambda p: restart_orders.fetch_entry_state(
+            p.pod_ip, contract.DEFAULT_PROGRESS_PORT, settings.progress_request_timeout_seconds), asked))
+    return {p.uid: state for p, state in zip(asked, answers) if state is not None}
+
+
+def _service(job: spec.DDPJob, services: Optional[Sequence[ServiceView]], memory: JobMemory,
+             settings: OperatorSettings, now: dt.datetime) -> Optional[ServiceView]:
+    """The Service with the job's name: as the watch shows it, else another owner's that a
+    creation found (for creation_retry_max_seconds; then a creation looks again)."""
+    name = names.service_name(job.name)
+    shown = next((s for s in services or () if s.name == name), None)
+    found = memory.service_found
+    if shown is not None or (found is not None and
+                             (now - found[1]).total_seconds() >= settings.creation_retry_max_seconds):
+        memory.service_found = found = None
+    return shown or (found[0] if found is not None else None)
+
+
+def _poll_progress(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], polling: ProgressPolling,
                    settings: OperatorSettings, now: dt.datetime,
                    poll: Optional[Poll]) -> Optional[progress_reports.GangProgress]:
     """Ask the running gang's pods for their ranks' reports, at most every
     progress_poll_seconds; returns what the current attempt has reported so far.
 
     With ``poll`` (tests, tools) the pods are asked here and now. Without it (the operator) the
-    pass only says that a poll is due (``memory.poll_due``): the worker runs it off the
-    reconcile threads, and a later pass takes the answers (the first reports of a gang wake
-    the job at once; later ones wait for the pass that asks the next poll). A pass never waits
-    on a pod's network: pods that cannot answer (gone, or a NetworkPolicy dropping the port)
-    would otherwise hold a reconcile thread for the request timeout each, and with many jobs
-    every job's status would queue behind them (benchmarks/README.md, peers)."""
+    pass only says that a poll is due (``polling.due``): the worker runs it off the reconcile
+    threads, and a later pass takes the answers (the first reports of a gang wake the job at
+    once; later ones wait for the pass that asks the next poll). A pass never waits on a pod's
+    network: pods that cannot answer (gone, or a NetworkPolicy dropping the port) would
+    otherwise hold a reconcile thread for the request timeout each, and with many jobs every
+    job's status would queue behind them (benchmarks/README.md, peers)."""
     attempt = status.restartAttempt
-    if memory.progress is not None and memory.progress.attempt != attempt:
-        memory.progress, memory.next_poll = None, None  # a new gang: a new clock
-    if memory.progress is None:
-        memory.progress = progress_reports.from_status(status.progress, attempt)
-    while memory.poll_answers:
-        polled_attempt, answers = memory.poll_answers.popleft()
+    if polling.reports is not None and polling.reports.attempt != attempt:
+        polling.reports, polling.next_poll = None, None  # a new gang: a new clock
+    if polling.reports is None:
+        # This process's first sight of the attempt: silence is counted from no earlier than now.
+        polling.reports = progress_reports.from_status(status.progress, attempt, watched_since=now)
+    while polling.answers:
+        polled_attempt, answers = polling.answers.popleft()
         if polled_attempt == attempt:  # an older gang's answers mean nothing now
-            memory.progress = progress_reports.merge(memory.progress, attempt, answers)
+            polling.reports = progress_reports.merge(polling.reports, attempt, answers)
     if status.phase != RUNNING:
-        return memory.progress
-    if memory.next_poll is None or now >= memory.next_poll:
-        ips = [p.pod_ip for p in pods if p.attempt == attempt and p.ready and p.pod_ip]
-        if ips and poll is not None:
-            answers = poll(ips, contract.DEFAULT_PROGRESS_PORT, settings.progress_request_timeout_seconds)
-            memory.progress = progress_reports.merge(memory.progress, attempt, answers)
-        elif ips:
-            memory.poll_due = (attempt, tuple(ips))
-        memory.next_poll = now + dt.timedelta(seconds=settings.progress_poll_seconds)
-    return memory.progress
+        return polling.reports
+    if polling.next_poll is None or now >= polling.next_poll:
+        targets = poll_targets(job, status, pods)
+        if targets and poll is not None:
+            answers = poll(targets, contract.DEFAULT_PROGRESS_PORT, settings.progress_request_timeout_seconds)
+            polling.reports = progress_reports.merge(polling.reports, attempt, answers)
+        elif targets:
+            polling.due = (attempt, tuple(targets))
+        polling.next_poll = now + dt.timedelta(seconds=settings.progress_poll_seconds)
+    return polling.reports
+
+
+def poll_targets(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView]) -> list[progress.Target]:
+    """The pods to ask for progress: the current attempt's running pods that are the job's own
+    (its controller ownerReference, by uid: a look-alike pod with the job's label must not feed
+    the job fake progress and silence hang detection), one per node rank of the attempt's
+    world, each with the ranks it hosts (a pod speaks only for those)."""
+    targets: dict[int, progress.Target] = {}
+    for p in pods:
+        if (is_ours(job, p) and p.attempt == status.restartAttempt and p.ready and p.pod_ip
+                and 0 <= p.node_rank < status.nnodes and p.node_rank not in targets):
+            nproc = p.nproc_per_node or job.spec.nprocPerNode
+            targets[p.node_rank] = progress.Target(p.pod_ip, range(p.node_rank * nproc, (p.node_rank + 1) * nproc))
+    return [targets[rank] for rank in sorted(targets)]
 
 
 def _only_progress_changed(old: JobStatus, new: JobStatus) -> bool:
-    return old.progress != new.progress and replace(old, progress=new.progress) == new
+    """Progress moved, and with it at most goodput's figures of the same segment (a new segment
+    is written at once: its boundary is the pass's time)."""
+    return (old.progress != new.progress and goodput.only_refreshed(old.goodput, new.goodput)
+            and replace(old, progress=new.progress, goodput=new.goodput) == new)
 
 
 def _parsed(body: Mapping[str, Any], memory: JobMemory, parse: Parse) -> spec.DDPJob:
-    key = ((body.get("metadata") or {}).get("generation"), (body.get("metadata") or {}).get("uid"))
-    if memory.parsed is None or memory.parsed[0] != key or key == (None, None):
+    """The parsed job, parsed again only when it changed: a spec edit (generation), another
+    object (uid) or a label edit (labels do not move the generation, and the queue label
+    decides whether Kueue holds the job)."""
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    key = (meta.get("generation"), meta.get("uid"), tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+    if memory.parsed is None or memory.parsed[0] != key or key[:2] == (None, None):
         memory.parsed = (key, parse(body))
     return memory.parsed[1]
 
@@ -189,14 +363,21 @@ def _write_status(body: Mapping[str, Any], new: JobStatus, memory: JobMemory, ku
 
 def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, plan: Plan,
          memory: JobMemory, kube: KubeApi, post_event: PostEvent, now: dt.datetime,
-         settings: OperatorSettings) -> Optional[float]:
-    """Carry out ``plan``: status first (the intent survives a crash), then the children.
-    Returns when the next pass is due."""
+         settings: OperatorSettings) -> Acted:
+    """Carry out ``plan``: status first (the intent survives a crash), its events once it is
+    written, then the children; returns when the next pass is due.
+
+    A pod creation refused for good is returned, not decided here. The creation's status is
+    written by then, so the failure that follows is a second write in the same pass, the one
+    pass that writes twice: writing only the failure would mean creating pods before their
+    status says so (a crash in between would delete a fresh gang as a stranger's), and leaving
+    the failure to the next pass would show the job Pending until some event wakes it."""
     meta = body["metadata"]
     namespace = meta["namespace"]
     deferred: Optional[float] = None
     if plan.status != old:
-        since = (now - memory.progress_written).total_seconds() if memory.progress_written else None
+        polling = memory.polling
+        since = (now - polling.written_at).total_seconds() if polling.written_at else None
         if (_only_progress_changed(old, plan.status) and since is not None
                 and since < settings.progress_status_interval_seconds):
             # Progress alone is rate-limited per job; the next pass past the interval writes it.
@@ -206,13 +387,17 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
         else:
             _write_status(body, plan.status, memory, kube)
             if plan.status.progress != old.progress:
-                memory.progress_written = now
-            if plan.status.restarts > old.restarts:
+                polling.written_at = now
+            if plan.status.restarts > old.restarts or plan.status.disruptions > old.disruptions:
                 metrics.GANG_RESTARTS.labels(plan.status.reason).inc()
+            metrics.observe_goodput(old.goodput, plan.status.goodput)
     else:
         memory.status = old
+    stacks_event = _read_stacks(meta, plan.stacks) if plan.stacks is not None else None
     for event in plan.events:
         post_event(event)
+    if stacks_event is not None:
+        post_event(stacks_event)
 
     errors: list[ApiError] = []
     for pods, force in ((plan.force_delete, True), (plan.delete, False)):
@@ -228,29 +413,31 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
             if outcome.error is not None:
                 errors.append(outcome.error)
 
+    if job is not None and plan.ensure_service:
+        existing = kube.create_service(builders.build_service(job))
+        found = view_service(existing) if existing is not None else None
+        if found is not None and found.uid and job.uid is not None and found.owner_uid != job.uid:
+            # Another owner's Service has the name: never adopted, changed or deleted, and no
+            # pod is created (none could rendezvous); the pass decides again from it.
+            memory.service_found = (found, now)
+            return Acted(service_in_the_way=found)
     if job is not None and plan.create_ranks:
-        if plan.ensure_service:
-            kube.create_service(builders.build_service(job))
-        created = memory.created.setdefault(plan.attempt, set())
-        refused = memory.refused.setdefault(plan.attempt, {})
-        for book in (memory.created, memory.refused):
-            for attempt in [a for a in book if a < plan.attempt]:
-                del book[attempt]
-        outcomes = kube.create_pods(builders.build_pods(job, plan.attempt, list(plan.create_ranks)))
+        creations = memory.creations = memory.creations.of(plan.attempt)
+        outcomes = kube.create_pods(builders.build_pods(job, plan.attempt, list(plan.create_ranks),
+                                                        new_token=restart_orders.new_token))
         for rank, outcome in zip(sorted(plan.create_ranks), outcomes):
             if outcome.created:
-                created.add(rank)
-                refused.pop(rank, None)
+                creations.created.add(rank)
+                creations.refused.pop(rank, None)
             elif outcome.error is not None:
-                refused[rank] = outcome.error.message or str(outcome.error)
+                creations.refused[rank] = outcome.error.message or str(outcome.error)
         permanent = [o.error for o in outcomes if o.error is not None and o.error.permanent]
         if permanent:
-            failed = refuse_creation(job, memory.status or plan.status, permanent[0].message, now)
-            _write_status(body, failed.status, memory, kube)
-            for event in failed.events:
-                post_event(event)
-            return failed.requeue_after  # the next pass (woken by the new pods' events) releases what was created
+            return Acted(refusal=permanent[0].message)
         errors.extend(o.error for o in outcomes if o.error is not None)
+
+    if plan.restart_in_place:
+        errors.extend(_order_in_place(namespace, plan, memory, kube))
 
     if plan.delete_job:
         kube.delete_job(namespace, meta["name"], meta.get("uid"))
@@ -258,29 +445,82 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ApiError(first.status, first.reason, first.message + more, first.what)
-    return _soonest(plan.requeue_after, deferred)
+    return Acted(requeue_after=soonest(plan.requeue_after, deferred))
 
 
-def _act_on_workload(job: spec.DDPJob, plan: Plan, pods: Sequence[PodView],
-                     workload: Optional[kueue.WorkloadView], memory: JobMemory, kube: KubeApi,
-                     now: dt.datetime) -> None:
-    """Create the job's Workload if the watch has not shown it yet (once per job: "already
-    exists" is success), and write what Kueue must learn: finished, or the quota given back
-    after an eviction once no pod is left."""
-    status = memory.status or plan.status
-    if workload is not None:
-        memory.workload_seen = job.uid
-    elif not status.terminal and (memory.workload_created != job.uid or memory.workload_seen == job.uid):
-        # Not created by this process yet, or seen and gone since (someone deleted it: the
-        # gang has been stopped, as Kueue does, and queues again with a new Workload).
-        klass = kueue.priority_class(job)
-        priority = kube.get_workload_priority(klass) if klass else None
-        kube.create_workload(kueue.build_workload(job, priority))
-        memory.workload_created, memory.workload_seen = job.uid, None
+def _read_stacks(meta: Mapping[str, Any], request: StacksRequest) -> Event:
+    """A stall's Event ``StalledStacks``: where the ranks were stuck, read from the pods before
+    the pass orders, deletes or recreates them (one deadline for all of them); the full answers
+    go to the log. An answer that does not come, or is not one, is said so: it never holds up
+    the restart, and never fails the pass."""
+    pods = request.pods
+    answers: list[stall_stacks.PodStacks] = []
+    if pods:
+        with ThreadPoolExecutor(max_workers=len(pods)) as pool:
+            fetched = list(pool.map(lambda p: restart_orders.fetch_stacks(
+                p.pod_ip, contract.DEFAULT_PROGRESS_PORT, p.restart_token,
+                restart_orders.STACKS_DEADLINE_SECONDS), pods))
+        answers = [stall_stacks.PodStacks(p.name, stacks, error) for p, (stacks, error) in zip(pods, fetched)]
+    message = stall_stacks.summarize(answers, request.suspect_rank)
+    if not pods:
+        message = shorten(message + ": no pod of the gang serves its stacks (they need restartMode InPlace "
+                          "and the pod entry point)", stall_stacks.EVENT_LIMIT)
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
+    logger.warning("%s: stacks of the stalled gang before the restart:\n%s", name,
+                   stall_stacks.log_text(answers) or "(no pod to ask)")
+    return Event("Warning", stall_stacks.STALLED_STACKS, message)
+
+
+def _order_in_place(namespace: str, plan: Plan, memory: JobMemory, kube: KubeApi) -> list[ApiError]:
+    """Order each pod of ``plan.restart_in_place`` into ``plan.attempt`` and relabel those that
+    took it (the label then names the attempt the pod runs); a pod that did not answer, or
+    refused, is deleted: the next pass creates its rank for the attempt."""
+    pods = plan.restart_in_place
+    with ThreadPoolExecutor(max_workers=min(len(pods), restart_orders.ORDERS_AT_ONCE)) as pool:
+        taken = list(pool.map(lambda p: restart_orders.order_restart(
+            p.pod_ip, contract.DEFAULT_PROGRESS_PORT, p.restart_token, plan.attempt,
+            restart_orders.ORDER_DEADLINE_SECONDS), pods))
+    errors: list[ApiError] = []
+    refused = [p for p, ok in zip(pods, taken) if not ok]
+    for p in (p for p, ok in zip(pods, taken) if ok):
+        memory.in_place.ordered[p.uid] = plan.attempt
+        memory.in_place.seen_ready.discard(p.uid)  # asked again once ready in the new attempt
+        try:
+            kube.relabel_pod(namespace, p.name, p.uid, {names.LABEL_RESTART_ATTEMPT: str(plan.attempt)})
+        except ApiError as exc:
+            if not (exc.not_found or exc.status in (409, 422)):  # gone, or another pod by now
+                errors.append(exc)
+    if refused:
+        logger.info("%s: %d pod(s) did not take the restart order: recreating them: %s", namespace,
+                    len(refused), ", ".join(p.name for p in refused))
+        for outcome in kube.delete_pods(namespace, [(p.name, p.uid) for p in refused]):
+            if outcome.gone:
+                memory.gone_uids.add(outcome.uid)
+            if outcome.error is not None:
+                errors.append(outcome.error)
+    return errors
+
+
+def _act_on_workload(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], place: kueue.Standing,
+                     memory: JobMemory, kube: KubeApi, now: dt.datetime) -> None:
+    """Carry out the pass's Kueue step (``kueue.plan_workload``, from the ``status`` written):
+    create the job's Workload, delete a stale one (the job queues again), write what Kueue must
+    learn (finished, or the quota given back after an eviction)."""
+    book = memory.workload
     left = kueue.pods_of(job, [p for p in pods if p.uid not in memory.gone_uids])
-    update = kueue.workload_status_update(job, status, workload, left, now)
-    if update is not None and workload is not None:
-        kube.patch_workload_status(job.namespace, workload.name, update)
+    step = kueue.plan_workload(job, status, place, book, left, now)
+    if step is None:
+        return
+    if place.workload is not None or place.namesake is not None:
+        book.seen_for = job.uid
+    if step.delete is not None:
+        kube.delete_workload(job.namespace, step.delete.name, step.delete.uid)
+    if step.create:
+        priority = kube.get_workload_priority(step.priority_class) if step.priority_class else None
+        kube.create_workload(kueue.build_workload(job, priority, queue=step.queue))
+        book.created_for, book.seen_for = job.uid, None
+    if step.status_patch is not None and place.workload is not None:
+        kube.patch_workload_status(job.namespace, place.workload.name, step.status_patch)
 
 
 def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
@@ -290,12 +530,17 @@ def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
     name = (body.get("metadata") or {}).get("name", "?")
     if exc.not_found and exc.what.startswith("patch status"):
         return None  # the DDPJob itself is gone; its DELETED event stops this worker
+    if exc.reason == NOT_LEADER:
+        # This replica's leadership ran out mid-pass (it is about to exit): it writes nothing
+        # more, not even the error (an Event would be a write too); the new leader carries on.
+        logger.warning("%s: pass abandoned: %s", name, exc)
+        return None
     message = shorten(f"{exc}", STATUS_MESSAGE_LIMIT)
     logger.warning("%s: reconcile error: %s", name, message)
-    memory.consecutive_errors += 1
-    if message != memory.last_error:
+    memory.errors.consecutive += 1
+    if message != memory.errors.last_message:
         post_event(Event("Warning", "ReconcileError", message))
-        memory.last_error = message
+        memory.errors.last_message = message
     base = memory.status if memory.status is not None else JobStatus.from_dict(body.get("status"))
     errored = replace(base, reason="ReconcileError", message=message)
     if errored != base:
@@ -303,5 +548,5 @@ def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
             _write_status(body, errored, memory, kube)
         except ApiError as again:  # the API server itself is unreachable: the log has it
             logger.warning("%s: could not write the error to the status: %s", name, again)
-    delay = settings.error_backoff_seconds * 2 ** (memory.consecutive_errors - 1)
+    delay = settings.error_backoff_seconds * 2 ** (memory.errors.consecutive - 1)
     return min(delay, settings.error_backoff_max_seconds)

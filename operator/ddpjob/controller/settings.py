@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Mapping, Optional
 
 ENV_PREFIX = "DDPJOB_OPERATOR_"
+BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,14 @@ class OperatorSettings:
     """Per job, the least time between two status writes that only refresh status.progress:
     the API cost of progress is at most 60 / this many requests per job per minute."""
     progress_request_timeout_seconds: float = 2.0
-    """Timeout of one progress GET to a pod."""
+    """Deadline of one progress GET to a pod, for the whole request (connect, send, the whole
+    answer), not per read: a pod that trickles its answer is cut off at it."""
+    manage_jobs_without_queue_name: bool = False
+    """Kueue's ``manageJobsWithoutQueueName`` for DDPJobs: a job without the label
+    ``kueue.x-k8s.io/queue-name`` is queued in the LocalQueue named ``default`` of its namespace
+    (the name Kueue's LocalQueueDefaulting uses), and waits ``Queued`` while there is none, so
+    no DDPJob bypasses Kueue (docs/kueue.md). A job that was already running when this was
+    turned on is left alone. false: such a job runs without Kueue."""
     metrics_port: int = 8081
     """Port of the Prometheus endpoint (/metrics); 0 turns it off."""
     kubeconfig: Optional[str] = None
@@ -53,6 +61,21 @@ class OperatorSettings:
     """``ddpjob-operator`` only: comma-separated namespaces to serve; empty: all namespaces."""
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     """``ddpjob-operator`` only: kopf's liveness endpoint (the Deployment's probe)."""
+    leader_election: bool = True
+    """Act only while holding the leader Lease (docs/operator.md, "High availability"), so that
+    several replicas can run and one acts. false: act at once, alone (run one replica only)."""
+    pod_name: str = ""
+    """This replica's identity in the Lease (the Deployment sets it from the pod's name); empty:
+    the host name and a random suffix, a new identity for every process."""
+    lease_namespace: str = ""
+    """Namespace of the Lease; empty: the pod's own (its service account's), else ddpjob-system."""
+    lease_name: str = "ddpjob-operator"
+    lease_duration_seconds: int = 15
+    """How long a standby waits, after it last saw the leader renew, before taking over."""
+    renew_deadline_seconds: float = 10.0
+    """How long the leader keeps acting without a successful renewal; then it exits."""
+    retry_period_seconds: float = 2.0
+    """How often the leader renews and a standby looks (client-go's timings: 15, 10, 2)."""
 
 
 def load_settings(environ: Optional[Mapping[str, str]] = None) -> OperatorSettings:
@@ -66,6 +89,11 @@ def load_settings(environ: Optional[Mapping[str, str]] = None) -> OperatorSettin
         if raw is None or raw == "":
             continue
         kind = type(f.default) if f.default is not None else str
+        if kind is bool:
+            if raw.strip().lower() not in BOOLEANS:
+                raise ValueError(f"{name}: expected true or false, got {raw!r}")
+            values[f.name] = BOOLEANS[raw.strip().lower()]
+            continue
         try:
             value = kind(raw)
         except ValueError:
@@ -75,4 +103,19 @@ def load_settings(environ: Optional[Mapping[str, str]] = None) -> OperatorSettin
         if isinstance(value, (int, float)) and value < 0:
             raise ValueError(f"{name}: must be >= 0, got {raw!r}")
         values[f.name] = value
-    return OperatorSettings(**values)
+    settings = OperatorSettings(**values)
+    _check_lease_timings(settings)
+    return settings
+
+
+def _check_lease_timings(settings: OperatorSettings) -> None:
+    """client-go's two rules: a leader must give up before a standby may take over, and must
+    get more than one try at renewing before it gives up."""
+    duration, deadline, period = (settings.lease_duration_seconds, settings.renew_deadline_seconds,
+                                  settings.retry_period_seconds)
+    if not duration > deadline:
+        raise ValueError(f"{ENV_PREFIX}LEASE_DURATION_SECONDS ({duration}) must be greater than "
+                         f"{ENV_PREFIX}RENEW_DEADLINE_SECONDS ({deadline:g})")
+    if not deadline > 1.2 * period:
+        raise ValueError(f"{ENV_PREFIX}RENEW_DEADLINE_SECONDS ({deadline:g}) must be greater than 1.2 x "
+                         f"{ENV_PREFIX}RETRY_PERIOD_SECONDS ({period:g})")

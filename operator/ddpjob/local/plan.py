@@ -94,6 +94,10 @@ class LocalSetup:
     scratch_dir: str
     mounts: tuple[LocalMount, ...] = ()
     gpu_ids: Optional[tuple[str, ...]] = None  # None: device cpu
+    #: DDPJOB_UID of every node and attempt: one run is one job, as one DDPJob object is (a
+    #: second run of the same file is a namesake created again, whose checkpoints are not this
+    #: run's). Fresh for each run (runner).
+    run_uid: str = ""
 
 
 def job_environment(job: api.DDPJob, *, node_rank: int, master_port: int, restart_attempt: int,
@@ -107,7 +111,8 @@ def job_environment(job: api.DDPJob, *, node_rank: int, master_port: int, restar
     """
     spec = job.spec
     contract_env = contract.node_environment(
-        job_name=job.name, namespace=job.namespace, master_addr=LOCAL_MASTER_ADDR,
+        job_name=job.name, namespace=job.namespace, job_uid=setup.run_uid,
+        master_addr=LOCAL_MASTER_ADDR,
         master_port=master_port, nnodes=spec.nnodes, nproc_per_node=spec.nprocPerNode,
         node_rank=node_rank, restart_attempt=restart_attempt, device=spec.device,
         rendezvous_timeout_seconds=spec.startupTimeoutSeconds,

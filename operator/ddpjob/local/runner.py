@@ -22,11 +22,13 @@ import shlex
 import signal
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ddpjob import contract
 from ddpjob.api import failure_policy
+from ddpjob.api import goodput
 from ddpjob.api import progress as progress_reports
 from ddpjob.api import spec as api
 from ddpjob.local.plan import (LocalRunError, LocalSetup, check_gpus, job_environment, node_command,
@@ -44,31 +46,34 @@ EXIT_STALLED = 1  # a stalled gang has no exit code of its own; the budget spent
 # The failure policy: the operator's own (api.failure_policy), in `ddpjob run`'s words
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Decision:
+class AfterGang:
+    """What follows a gang's end: another attempt, or the run's exit code and last words."""
+
     restart: bool
     exit_code: int
     message: str
 
 
-def decide(outcome: GangOutcome, *, restarts_done: int, spec: api.DDPJobSpec, job_name: str) -> Decision:
+def restart_or_fail(outcome: GangOutcome, *, restarts_done: int, spec: api.DDPJobSpec,
+                    job_name: str) -> AfterGang:
     """Given how the gang ended, restart it or end the run with which exit code and message."""
     if outcome.kind == "succeeded":
         after = f" after {restarts_done} restart{'s' * (restarts_done != 1)}" if restarts_done else ""
-        return Decision(False, 0, f"job {job_name} succeeded: all {spec.nnodes} nodes exited 0{after}")
+        return AfterGang(False, 0, f"job {job_name} succeeded: all {spec.nnodes} nodes exited 0{after}")
     if outcome.kind == "stopped":
         name = signal.Signals(outcome.signum).name
-        return Decision(False, 128 + outcome.signum, f"{name}: stopped every node")
+        return AfterGang(False, 128 + outcome.signum, f"{name}: stopped every node")
     if outcome.kind == "deadline":
-        return Decision(False, EXIT_DEADLINE,
+        return AfterGang(False, EXIT_DEADLINE,
                         f"activeDeadlineSeconds ({spec.activeDeadlineSeconds}) passed: stopped every node")
     if outcome.kind == "stalled":
         ruling = failure_policy.verdict([failure_policy.NodeFailure(outcome.node_rank or 0, None, "Stalled")],
                                         restarts_done=restarts_done, policy=spec.failurePolicy)
         what = f"Stalled: {outcome.message}"
         if not ruling.restart:
-            return Decision(False, EXIT_STALLED, f"{what}; the restart budget (maxRestarts "
+            return AfterGang(False, EXIT_STALLED, f"{what}; the restart budget (maxRestarts "
                             f"{ruling.budget}) is spent; job {job_name} failed")
-        return Decision(True, EXIT_STALLED, f"{what}; restarting the gang "
+        return AfterGang(True, EXIT_STALLED, f"{what}; restarting the gang "
                         f"(restart {ruling.restarts_after}/{ruling.budget})")
     code = outcome.exit_code
     ruling = failure_policy.verdict([failure_policy.NodeFailure(outcome.node_rank, code)],
@@ -76,11 +81,11 @@ def decide(outcome: GangOutcome, *, restarts_done: int, spec: api.DDPJobSpec, jo
     meaning = re.sub(r" \((retryable|permanent)\)$", "", contract.describe_exit_code(code))
     what = f"node {outcome.node_rank} exited {code}"
     if ruling.reason == failure_policy.PERMANENT:
-        return Decision(False, code, f"{what} ({meaning}, permanent); job {job_name} failed")
+        return AfterGang(False, code, f"{what} ({meaning}, permanent); job {job_name} failed")
     if ruling.reason == failure_policy.BUDGET_SPENT:
-        return Decision(False, code, f"{what} ({meaning}, retryable) but the restart budget "
+        return AfterGang(False, code, f"{what} ({meaning}, retryable) but the restart budget "
                         f"(maxRestarts {ruling.budget}) is spent; job {job_name} failed")
-    return Decision(True, code, f"{what} ({meaning}, retryable); restarting the gang "
+    return AfterGang(True, code, f"{what} ({meaning}, retryable); restarting the gang "
                     f"(restart {ruling.restarts_after}/{ruling.budget})")
 
 
@@ -111,7 +116,8 @@ def run_job(job: api.DDPJob, *, workdir: str = ".", configmaps: Mapping[str, Any
             raise LocalRunError(f"volumes: {error}") from None
         for mount in mounts:
             console.note(f"volume {mount.note}")
-        setup = LocalSetup(scratch, tuple(mounts), tuple(gpu_ids) if gpu_ids is not None else None)
+        setup = LocalSetup(scratch, tuple(mounts), tuple(gpu_ids) if gpu_ids is not None else None,
+                           run_uid=f"local-{uuid.uuid4()}")
         if dry_run:
             print_dry_run(job, setup, workdir, environ)
             return 0
@@ -126,6 +132,7 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
     stop = StopRequest()
     restore_signals = stop.install()
     deadline = time.monotonic() + spec.activeDeadlineSeconds if spec.activeDeadlineSeconds else None
+    accounting = RunAccounting()
     try:
         restarts_done = 0
         while True:
@@ -135,23 +142,68 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
                 launches = _launches(job, setup, environ, port_holder.getsockname()[1], restarts_done)
                 for rank in range(spec.nnodes):  # each attempt's pods start with an empty log
                     _remove(termination_log_path(setup, rank))
+                directory = progress_dir(setup, restarts_done)
+                accounting.look(running=True)
                 outcome = run_gang(launches, cwd=workdir, console=console, stop=stop, deadline=deadline,
                                    grace_seconds=spec.template.spec.terminationGracePeriodSeconds,
                                    before_launch=port_holder.close,
-                                   watch=stall_watch(job, progress_dir(setup, restarts_done), restarts_done))
+                                   watch=accounting.watching(directory, stall_watch(job, directory, restarts_done)))
             finally:
                 port_holder.close()
-            decision = decide(outcome, restarts_done=restarts_done, spec=spec, job_name=job.name)
+            accounting.progress(directory)  # what the gang reported last
+            decision = restart_or_fail(outcome, restarts_done=restarts_done, spec=spec, job_name=job.name)
             if outcome.kind == "failed":
                 message = _read_termination_message(termination_log_path(setup, outcome.node_rank))
                 if message:
                     console.note(f"node {outcome.node_rank} termination message: {message}")
             console.note(decision.message)
             if not decision.restart:
+                console.note(f"goodput: {accounting.finish()}")
                 return decision.exit_code
             restarts_done += 1
+            accounting.restarted(restarts_done)
     finally:
         restore_signals()
+
+
+class RunAccounting:
+    """The run's goodput, counted as the operator counts a job's (``api.goodput``): each gang's
+    start, its progress reports (read with the stall watch, every second), the restarts, the
+    end. Starting here is the processes' start to their first report (no scheduling or pulls)."""
+
+    def __init__(self, clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> None:
+        self.clock = clock
+        self.figures: Optional[goodput.Goodput] = None
+        self.restarts = 0
+        self.reported = False
+
+    def look(self, **seen: Any) -> None:
+        moment = goodput.Moment(ever_reported=self.reported, restarts=self.restarts, **seen)
+        self.figures = goodput.advance(self.figures, moment, self.clock())
+
+    def progress(self, directory: str) -> None:
+        """This attempt's reports: the furthest rank's step, once there is one."""
+        reports = progress_reports.parse_answer({"ranks": contract.read_progress_reports(directory)}, self.clock())
+        if reports:
+            self.reported = True
+            self.look(running=True, step=max(r.step for r in reports.values()))
+
+    def watching(self, directory: str, stall: Optional[Callable[[], Optional[tuple[int, str]]]]
+                 ) -> Callable[[], Optional[tuple[int, str]]]:
+        """The gang's watch: the reports counted, then the stall check (if the job has bounds)."""
+        def watch() -> Optional[tuple[int, str]]:
+            self.progress(directory)
+            return stall() if stall is not None else None
+
+        return watch
+
+    def restarted(self, restarts: int) -> None:
+        self.restarts = restarts
+        self.look(restarting=True)
+
+    def finish(self) -> str:
+        self.look(finished=True)
+        return self.figures.summary if self.figures is not None else ""
 
 
 def stall_watch(job: api.DDPJob, directory: str, attempt: int,
@@ -192,9 +244,9 @@ def print_dry_run(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Map
     port = port_holder.getsockname()[1]
     port_holder.close()
     from_environ = {e["name"] for e in job.spec.env if "valueFrom" in e and "value" not in e}
-    print(f"# ddpjob run --dry-run: job {job.name}, {job.spec.nnodes} nodes. MASTER_PORT {port} and the paths "
-          f"under {setup.scratch_dir} are examples: a run binds a fresh port for each attempt and makes its "
-          "own scratch directory. Only the job's variables are shown; each node also inherits this "
+    print(f"# ddpjob run --dry-run: job {job.name}, {job.spec.nnodes} nodes. MASTER_PORT {port}, DDPJOB_UID and "
+          f"the paths under {setup.scratch_dir} are examples: a run binds a fresh port for each attempt and makes "
+          "its own uid and scratch directory. Only the job's variables are shown; each node also inherits this "
           "shell's environment (less PET_* and the names the job sets).")
     for rank in range(job.spec.nnodes):
         job_env = job_environment(job, node_rank=rank, master_port=port, restart_attempt=0,

@@ -1,6 +1,8 @@
 """Run at the start of every Python process the pod entry point (ddptrain-pod) starts: it puts
-this folder first on PYTHONPATH. Installs the init guard (ddptrainer.init_guard), then runs the
-sitecustomize this one hides, if the image has one. Never fails the process."""
+this folder first on PYTHONPATH. Installs the init guard (ddptrainer.init_guard), registers the
+stack dump the operator asks for before restarting a stall (ddptrainer.stacks: only when the
+entry point set DDPJOB_STACKS_DIR; a SIGUSR1 handler the program installs later wins), then runs
+the sitecustomize this one hides, if the image has one. Never fails the process."""
 import os
 import sys
 
@@ -14,6 +16,17 @@ def _install_guard() -> None:
         init_guard.install_when_imported()
     except Exception as error:  # noqa: BLE001 - a missing guard must not stop the training
         sys.stderr.write(f"ddptrain-pod: init guard: warning: not installed: {error}\n")
+
+
+def _register_stacks() -> None:
+    if not os.environ.get("DDPJOB_STACKS_DIR"):
+        return
+    try:
+        from ddptrainer import stacks
+
+        stacks.register_from_environment()
+    except Exception as error:  # noqa: BLE001 - a missing dump must not stop the training
+        sys.stderr.write(f"ddptrain-pod: stacks: warning: not registered: {error}\n")
 
 
 def _run_hidden_sitecustomize() -> None:
@@ -30,4 +43,5 @@ def _run_hidden_sitecustomize() -> None:
 
 
 _install_guard()
+_register_stacks()
 _run_hidden_sitecustomize()

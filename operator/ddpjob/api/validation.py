@@ -1,12 +1,9 @@
-"""The DDPJob API, derived from ``ddpjob.api.spec``: the CRD's OpenAPI schema, and validation.
+"""``ddpjob validate``: a manifest checked the way the API server checks it, then parsed.
 
-Two things come out of the dataclasses in ``spec.py`` and nothing else:
-
-* ``spec_schema()``: the structural OpenAPI v3 schema of ``spec`` that ``crd.py`` puts in the
-  CRD (descriptions, defaults, bounds, enums, patterns, CEL rules).
-* ``validate_ddpjob(obj)`` / ``parse_ddpjob(obj)``: a manifest checked against *that generated
-  schema* (the API server's rules, walked here in Python), defaulted the way the API server
-  defaults, then checked against each rule's Python predicate, then turned into ``spec.DDPJob``.
+``validate_ddpjob(obj)`` / ``parse_ddpjob(obj)``: a manifest checked against the schema
+``openapi.py`` generates (the API server's rules, walked here in Python), defaulted the way the
+API server defaults, then checked against each rule's Python predicate, then turned into
+``spec.DDPJob`` by the model kit's codec.
 
 Because validation walks the generated schema instead of re-reading the dataclasses, the CRD
 and ``ddpjob validate`` cannot disagree about a type, a bound or a default. Problems are named
@@ -16,184 +13,19 @@ map keys as well as fields (``spec.resources.limits.cpu``), as kube-openapi writ
 from __future__ import annotations
 
 import copy
-import dataclasses
-import functools
 import json
 import re
-import sys
-import typing
 from collections.abc import Mapping as AbcMapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
-import yaml
-
+from ddpjob.api import model
 from ddpjob.api import names
+from ddpjob.api import openapi
 from ddpjob.api import spec
-from ddpjob.api import status as status_model
 
 API_VERSION = names.GROUP_VERSION
 TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
-
-
-# ---------------------------------------------------------------------------------------------
-# dataclasses -> OpenAPI
-# ---------------------------------------------------------------------------------------------
-_SCALAR_TYPES = {int: "integer", str: "string", bool: "boolean", float: "number"}
-# spec_field keyword -> OpenAPI keyword, for the constraints that sit on a value (or a list item).
-_VALUE_KEYWORDS = {"minimum": "minimum", "maximum": "maximum", "pattern": "pattern",
-                   "min_length": "minLength", "max_length": "maxLength"}
-_LIST_KEYWORDS = {"min_items": "minItems", "max_items": "maxItems"}
-_FIELD_KEYS = {"description", "required", "enum", "unique_items", "list_map_keys", "openapi", "format", "status",
-               *_VALUE_KEYWORDS, *_LIST_KEYWORDS}
-
-
-def spec_schema() -> dict:
-    """The OpenAPI v3 schema of ``spec`` (the CRD's ``.spec``), generated from ``DDPJobSpec``."""
-    return copy.deepcopy(_spec_schema())
-
-
-@functools.lru_cache(maxsize=1)
-def _spec_schema() -> dict:
-    # Cached for validation, which only reads it (defaults are deep-copied before use).
-    schema = _object_schema(spec.DDPJobSpec)
-    return {"description": "The desired job: what to run, on how many nodes, and how to recover.",
-            **schema}
-
-
-def status_schema() -> dict:
-    """The OpenAPI v3 schema of ``status``, generated from ``ddpjob.api.status.JobStatus``: the
-    status the operator writes, and nothing else (unknown status fields are pruned)."""
-    return copy.deepcopy(_status_schema())
-
-
-@functools.lru_cache(maxsize=1)
-def _status_schema() -> dict:
-    schema = _object_schema(status_model.JobStatus)
-    properties = schema["properties"]
-    for name, after, body in status_model.JobStatus.__computed__:
-        keys = list(properties)
-        at = keys.index(after) + 1
-        properties = {**{k: properties[k] for k in keys[:at]}, name: copy.deepcopy(body),
-                      **{k: properties[k] for k in keys[at:]}}
-    schema["properties"] = properties
-    return {"description": status_model.JobStatus.__doc__.strip(), **schema}
-
-
-def rule_schema(rule: spec.Rule) -> dict:
-    """One ``x-kubernetes-validations`` entry."""
-    entry = {"rule": rule.cel, "message": rule.message}
-    if rule.field_path:
-        entry["fieldPath"] = rule.field_path
-    return entry
-
-
-def all_rules() -> list[spec.Rule]:
-    """Every cross-field rule: those of each dataclass under ``DDPJobSpec``, then the object's."""
-    return ([r for cls in _dataclasses_under(spec.DDPJobSpec) for r in getattr(cls, "__rules__", ())]
-            + list(spec.ENV_VAR_RULES) + list(spec.OBJECT_RULES))
-
-
-def _dataclasses_under(cls: type) -> Iterator[type]:
-    yield cls
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        inner = _unwrap_optional(hints[f.name])
-        if dataclasses.is_dataclass(inner):
-            yield from _dataclasses_under(inner)
-
-
-def _object_schema(cls: type) -> dict:
-    hints = typing.get_type_hints(cls)
-    properties = {f.name: _field_schema(f, hints[f.name]) for f in dataclasses.fields(cls)}
-    schema: dict[str, Any] = {"type": "object"}
-    required = [f.name for f in dataclasses.fields(cls) if f.metadata.get("required")]
-    if required:
-        schema["required"] = required
-    schema["properties"] = properties
-    rules = getattr(cls, "__rules__", ())
-    if rules:
-        schema["x-kubernetes-validations"] = [rule_schema(r) for r in rules]
-    return schema
-
-
-def _field_schema(f: dataclasses.Field, hint: Any) -> dict:
-    meta = f.metadata
-    unknown = set(meta) - _FIELD_KEYS
-    if unknown:  # a misspelt constraint would otherwise vanish from the CRD without a word
-        raise TypeError(f"field {f.name}: unknown spec_field keys {sorted(unknown)}")
-    inner = _unwrap_optional(hint)
-    if dataclasses.is_dataclass(inner):
-        body = _object_schema(inner)
-    elif typing.get_origin(inner) is tuple:
-        item_type = typing.get_args(inner)[0]
-        if "openapi" in meta:
-            item = copy.deepcopy(meta["openapi"])
-        elif dataclasses.is_dataclass(item_type):
-            item = _object_schema(item_type)
-        else:
-            item = _value_schema(item_type, meta)
-        body = {"type": "array", "items": item}
-        body.update({api: meta[key] for key, api in _LIST_KEYWORDS.items() if key in meta})
-        if meta.get("unique_items"):
-            body["x-kubernetes-list-type"] = "set"
-        if meta.get("list_map_keys"):  # entries keyed by these fields: the API server refuses duplicates
-            body["x-kubernetes-list-type"] = "map"
-            body["x-kubernetes-list-map-keys"] = list(meta["list_map_keys"])
-    else:
-        body = copy.deepcopy(meta["openapi"]) if "openapi" in meta else _value_schema(inner, meta)
-    # Status fields carry no default: only the operator writes them.
-    default = None if meta.get("status") else _default_of(f)
-    # The description goes first so that the generated YAML reads top-down.
-    return {"description": meta["description"], **body,
-            **({"default": default} if default is not None else {})}
-
-
-def _value_schema(tp: Any, meta: Mapping[str, Any]) -> dict:
-    if typing.get_origin(tp) in (AbcMapping, dict):
-        value_type = typing.get_args(tp)[1]
-        if value_type is str:
-            return {"type": "object", "additionalProperties": {"type": "string"}}
-        return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    if tp not in _SCALAR_TYPES:
-        raise TypeError(f"spec.py uses a type the schema generator does not know: {tp!r}")
-    schema: dict[str, Any] = {"type": _SCALAR_TYPES[tp]}
-    if "enum" in meta:
-        schema["enum"] = list(meta["enum"])
-    if "format" in meta:
-        schema["format"] = meta["format"]
-    schema.update({api: meta[key] for key, api in _VALUE_KEYWORDS.items() if key in meta})
-    return schema
-
-
-def _unwrap_optional(hint: Any) -> Any:
-    if typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return hint
-
-
-def _default_of(f: dataclasses.Field) -> Any:
-    """The JSON default of a field; ``{}`` for a nested object, so its own defaults apply."""
-    if f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-        return {} if dataclasses.is_dataclass(value) else to_plain(value)
-    if f.default is dataclasses.MISSING or f.default is None:
-        return None
-    return to_plain(f.default)
-
-
-def to_plain(value: Any) -> Any:
-    """Dataclasses, tuples and mappings -> JSON-like dicts and lists (``None`` fields dropped)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if getattr(value, f.name) is not None}
-    if isinstance(value, AbcMapping):
-        return {k: to_plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_plain(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,11 +215,11 @@ def _quote_hint(value: Any) -> str:
     return ""
 
 
-def _rules_by_cel() -> dict[str, spec.Rule]:
-    return {rule.cel: rule for rule in all_rules()}
+def _rules_by_cel() -> dict[str, model.Rule]:
+    return {rule.cel: rule for rule in openapi.all_rules()}
 
 
-def _run_rules(sites: list[tuple[str, list[str], dict]], rules: Mapping[str, spec.Rule],
+def _run_rules(sites: list[tuple[str, list[str], dict]], rules: Mapping[str, model.Rule],
                old: Optional[Mapping[str, Any]] = None) -> list[Problem]:
     """The problems the rules at ``sites`` find. Transition rules run only with ``old`` (the
     stored object an update replaces). A rule whose input is malformed (a field error already
@@ -452,7 +284,7 @@ def defaulted_manifest(obj: Any, old: Any = None) -> tuple[dict, list[Problem]]:
         problems.append(Problem("spec", "required"))
         spec_out: dict = {}
     else:
-        spec_out = walker.walk(_spec_schema(), spec_value, "spec")
+        spec_out = walker.walk(openapi.cached_spec_schema(), spec_value, "spec")
     problems += walker.problems
     out = {"apiVersion": obj.get("apiVersion"), "kind": kind, "metadata": metadata, "spec": spec_out}
     # Every rule runs, next to the field errors, so one run reports every problem; a rule whose
@@ -470,7 +302,7 @@ def _stored_object(old: Any) -> Optional[dict]:
         return None
     walker = _SchemaWalker()
     stored = {"metadata": dict(old.get("metadata") or {}),
-              "spec": walker.walk(_spec_schema(), old["spec"], "spec"),
+              "spec": walker.walk(openapi.cached_spec_schema(), old["spec"], "spec"),
               "status": dict(old.get("status") or {})}
     return stored
 
@@ -568,7 +400,7 @@ def _annotation_problems(annotations: Mapping[str, str]) -> list[str]:
 def _status_problems(status: Any) -> list[Problem]:
     """Unknown fields under ``status`` (the only status problem the API server refuses)."""
     walker = _SchemaWalker()
-    walker.walk(_status_schema(), status, "status")
+    walker.walk(openapi.cached_status_schema(), status, "status")
     return [p for p in walker.problems if p.message == "unknown field"]
 
 
@@ -587,43 +419,19 @@ def parse_ddpjob(obj: Any, *, default_namespace: str = "default") -> spec.DDPJob
     manifest, problems = defaulted_manifest(obj)
     if problems:
         raise InvalidDDPJob(problems)
+    return job_from_manifest(manifest, default_namespace=default_namespace)
+
+
+def job_from_manifest(manifest: Mapping[str, Any], *, default_namespace: str = "default") -> spec.DDPJob:
+    """The ``spec.DDPJob`` of a manifest ``defaulted_manifest`` found no problem with."""
     metadata = manifest["metadata"]
     return spec.DDPJob(
         name=metadata["name"],
         namespace=metadata.get("namespace") or default_namespace,
         uid=metadata.get("uid"),
-        spec=_build(spec.DDPJobSpec, manifest["spec"]),
+        spec=model.from_plain(spec.DDPJobSpec, manifest["spec"]),
         labels=dict(metadata.get("labels") or {}),
     )
-
-
-def _build(cls: type, data: Mapping[str, Any]) -> Any:
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name])
-    return cls(**kwargs)
-
-
-def _convert(hint: Any, value: Any) -> Any:
-    inner = _unwrap_optional(hint)
-    if dataclasses.is_dataclass(inner):
-        return _build(inner, value)
-    if typing.get_origin(inner) is tuple:
-        return tuple(value)
-    return value
-
-
-class _NoAliasDumper(yaml.SafeDumper):
-    # A schema fragment used twice (e.g. a quantity) must be written twice, not as &id001.
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def to_yaml(obj: Any) -> str:
-    """Generated YAML: no aliases, keys in the order they were built."""
-    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=100, allow_unicode=True)
 
 
 def to_manifest(job: spec.DDPJob) -> dict:
@@ -634,14 +442,4 @@ def to_manifest(job: spec.DDPJob) -> dict:
     if job.uid:
         metadata["uid"] = job.uid
     return {"apiVersion": API_VERSION, "kind": names.KIND, "metadata": metadata,
-            "spec": to_plain(job.spec)}
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m ddpjob.api.schema``: print the generated spec schema as YAML."""
-    sys.stdout.write(to_yaml(spec_schema()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            "spec": model.to_plain(job.spec)}

@@ -1,0 +1,146 @@
+"""`ddpjob submit PATH`: run your script (or folder) on the cluster as a DDPJob, no image to build.
+
+Your code travels as a ConfigMap, mounted read-only in every pod (at /workspace/code), and the
+DDPJob runs the entry script in the image (default: the trainer image, which has torch and the
+pod entry point). `--dry-run` prints the ConfigMap and the DDPJob as YAML instead, to commit
+or to try with `ddpjob run -f`. A ConfigMap holds at most 1 MiB of text: for more, or for data,
+bake an image or use a shared volume.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Optional, TextIO
+
+import yaml
+
+from ddpjob.api import names
+from ddpjob.api.validation import validate_ddpjob
+from ddpjob.client.code_package import PackageError, read_package
+from ddpjob.client.submission import (DEFAULT_IMAGE, DEFAULT_MOUNT_PATH, LABEL_SUBMITTED_CODE, LAUNCH_MODES,
+                                      SubmitOptions, build_manifests, job_name_from)
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the cluster refused or could not be reached
+EXIT_INVALID = 2  # bad flags or code that cannot travel as a ConfigMap
+
+# A problem on a spec field is reported with the flag that set it.
+FLAG_OF_FIELD = {"metadata.name": "--name", "metadata.namespace": "--namespace", "spec.nnodes": "--nnodes",
+                 "spec.nprocPerNode": "--nproc-per-node", "spec.device": "--device", "spec.image": "--image",
+                 "spec.volumeMounts": "--mount-path", "spec.failurePolicy.maxRestarts": "--max-restarts"}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "submit", usage="ddpjob submit [OPTIONS] PATH [-- ARGS...]  (ARGS: your script's own arguments)", help="run a local script or folder on the cluster as a DDPJob (--dry-run: print the YAML)",
+        description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  ddpjob submit train.py --nnodes 2 --nproc-per-node 2 -- --epochs 3\n"
+        "  ddpjob submit ./project --entry train.py --nnodes 4 --device gpu --nproc-per-node 8 --image my/img:1\n"
+        "  ddpjob submit ./project --nnodes 2 --dry-run > job.yaml && ddpjob run -f job.yaml\n"
+        "Exit 0 when the job was created (or printed), 2 for bad flags or code that cannot be\n"
+        "shipped, 1 when the cluster refused it. See docs/submit.md.")
+    parser.add_argument("path", metavar="PATH", help="your script, or a folder of code (every text file in it)")
+    parser.add_argument("--nnodes", type=int, default=1, metavar="N", help="pods (nodes) (default: %(default)s)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                        help="training processes per pod; with --device gpu, GPUs per pod (default: %(default)s)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="cpu (gloo) or gpu (NCCL) (default: cpu)")
+    parser.add_argument("--image", default=DEFAULT_IMAGE,
+                        help="image of the pods: it needs Python, torch and what your code imports "
+                        "(default: the trainer image, %(default)s)")
+    parser.add_argument("--name", help="the DDPJob's name (default: from PATH, e.g. train.py -> train)")
+    parser.add_argument("-n", "--namespace", default="default", help="namespace (default: %(default)s)")
+    parser.add_argument("--entry", metavar="FILE",
+                        help="with a folder: the script to run, relative to it (default: train.py, "
+                        "main.py, or the only top-level .py file)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                        help="leave out files matching this glob (repeatable; .* folders, __pycache__ "
+                        "and *.pyc are always left out)")
+    parser.add_argument("--launcher", choices=LAUNCH_MODES, default="torchrun",
+                        help="torchrun (default): the image's pod entry point starts nproc-per-node "
+                        "copies of the script, with the init guard; spawn: it starts the script once "
+                        "and the script spawns its processes (mp.spawn); torchrun-command: plain "
+                        "`torchrun SCRIPT` as the command, for an image with torch but without ddpjob")
+    parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, metavar="DIR",
+                        help="where the code appears in the pods (default: %(default)s)")
+    parser.add_argument("--max-restarts", type=int, metavar="N",
+                        help="gang restarts allowed after retryable failures (default: the DDPJob's, 3)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the ConfigMap and the DDPJob as YAML, create nothing")
+    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    # Everything after `--` is the script's (main.py hands it over: argparse would read it).
+    parser.set_defaults(handler=run_submit, script_args=())
+    return parser
+
+
+def manifests_from_args(args: argparse.Namespace) -> list[dict]:
+    """The ConfigMap and the DDPJob the flags describe; PackageError or ValueError (one line each)."""
+    package = read_package(args.path, entry=args.entry, exclude=args.exclude)
+    options = SubmitOptions(
+        name=args.name or job_name_from(args.path), namespace=args.namespace, nnodes=args.nnodes,
+        nproc_per_node=args.nproc_per_node, device=args.device, image=args.image, launch=args.launcher,
+        script_args=tuple(args.script_args), mount_path=args.mount_path, max_restarts=args.max_restarts)
+    manifests = build_manifests(options, package)
+    problems = validate_ddpjob(manifests[-1])
+    if problems:
+        raise ValueError("\n".join(_in_flag_terms(str(p.path), p.message) for p in problems))
+    return manifests
+
+
+class _CodeDumper(yaml.SafeDumper):
+    """Multi-line strings (the code) as YAML literal blocks, readable in a diff."""
+
+
+_CodeDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
+def manifests_yaml(manifests: list[dict]) -> str:
+    return yaml.dump_all(manifests, Dumper=_CodeDumper, sort_keys=False, default_flow_style=False,
+                         explicit_start=True, allow_unicode=True)
+
+
+def _in_flag_terms(path: str, message: str) -> str:
+    for field, flag in FLAG_OF_FIELD.items():
+        if path == field or path.startswith(field + "."):
+            return f"{flag} ({path}): {message}"
+    return f"{path}: {message}"
+
+
+def run_submit(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        manifests = manifests_from_args(args)
+    except (PackageError, ValueError) as error:
+        for line in str(error).splitlines():
+            print(f"ddpjob submit: error: {line}", file=err)
+        return EXIT_INVALID
+    configmap, job = manifests
+    if args.dry_run:
+        out.write(manifests_yaml(manifests))
+        return EXIT_OK
+    from ddpjob.client import cluster
+
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    try:
+        conn = cluster.connect(args.kubeconfig, args.context)
+        existing = cluster.get_job(conn, namespace, name)
+        if existing is not None:
+            phase = (existing.get("status") or {}).get("phase") or "no phase yet"
+            raise cluster.ClusterError(f"DDPJob {namespace}/{name} exists ({phase}): delete it "
+                                       f"(kubectl delete ddpjob {name} -n {namespace}) or choose another --name")
+        cluster.put_configmap(conn, configmap, owned_if=(LABEL_SUBMITTED_CODE, name))
+        created = cluster.create_job(conn, job)
+        cluster.own_configmap(conn, configmap, created)
+    except cluster.ClusterError as error:
+        print(f"ddpjob submit: error: {error}", file=err)
+        return EXIT_FAILED
+    files = len(configmap["data"])
+    print(f"ddpjob submit: created ConfigMap {namespace}/{configmap['metadata']['name']} ({files} "
+          f"file{'s' * (files != 1)}) and DDPJob {namespace}/{name}", file=err)
+    print(f"  watch it:   kubectl get ddpjob {name} -n {namespace} -w", file=err)
+    print(f"  its logs:   kubectl logs -n {namespace} -l {names.LABEL_JOB_NAME}={name} --prefix -f", file=err)
+    print(f"ddpjob.dev/{name}", file=out)  # kubectl's "kind/name" line, for scripts
+    return EXIT_OK

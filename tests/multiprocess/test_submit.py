@@ -1,0 +1,38 @@
+"""`ddpjob submit --dry-run` of a two-file folder: the manifests it prints are what `ddpjob
+validate` accepts and `ddpjob run` trains with, real gloo ranks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.submit_project import write_project
+
+pytestmark = pytest.mark.multiprocess
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ddpjob(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddpjob.cli", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_dry_run_of_a_two_file_folder_validates_and_trains_under_ddpjob_run(tmp_path):
+    project = write_project(tmp_path / "my_project")
+    printed = ddpjob("submit", str(project), "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "0",
+                     "--dry-run", "--", "--steps", "3", timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(printed.stdout)
+
+    validated = ddpjob("validate", "-f", str(manifest), timeout=60)
+    assert validated.returncode == 0, validated.stderr
+    assert "DDPJob/my-project is valid" in validated.stdout
+
+    result = ddpjob("run", "-f", str(manifest))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "configMap volume 'code' written from ConfigMap 'my-project-code'" in result.stderr
+    for rank in range(4):
+        assert f"rank {rank}/4 ok steps=3" in result.stdout, result.stdout

@@ -1,0 +1,270 @@
+"""The operator's half of the in-place gang restart (issue 22): what it decides from a pod entry
+point's state, what it orders and relabels, and how it reads what a pod says (a hostile pod
+included)."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from ddpjob import contract
+from ddpjob.api import names
+from ddpjob.api.spec import FailurePolicy
+from ddpjob.api.status import CREATED, JobStatus
+from ddpjob.controller import builders, decide as decision, restart_orders
+from ddpjob.controller.reconcile import JobMemory
+from ddpjob.controller.restart_orders import EntryState, parse_entry_state
+from tests.support.decisions import decide
+from tests.support.fake_pods import fake_pod
+from tests.support.jobs import make_job, pod_view
+from tests.support.operator_fakes import NOW, FakeKube, at, body, run_pass, running_status
+
+pytestmark = pytest.mark.unit
+
+FAILED_137 = EntryState(0, contract.ENTRY_FAILED, 137, "worker rank 2 exited 137 (killed by signal 9)")
+
+
+def gang(attempt: int = 0, **fields):
+    fields = {"container_ready": True, **fields}
+    return [pod_view(r, "Running", attempt, pod_ip=f"10.0.0.{r + 1}", restart_token=f"token-{r}",
+                     node_name=f"worker-{r}", **fields) for r in range(2)]
+
+
+def test_a_failed_entry_point_restarts_the_gang_in_place():
+    pods = gang()
+    plan = decide(make_job(2), running_status(), pods, NOW, entry_states={pods[1].uid: FAILED_137})
+    assert plan.restart_in_place == tuple(pods) and plan.attempt == 1
+    assert plan.delete == () and plan.create_ranks == ()
+    status = plan.status
+    assert (status.phase, status.restartAttempt, status.restarts) == ("Restarting", 1, 1)
+    assert status.is_true(CREATED)  # the attempt's pods exist: its startup clock runs
+    record = status.failureHistory[0]
+    assert (record.restartMode, record.exitCode, record.nodeRank, record.attempt) == ("InPlace", 137, 1, 0)
+    assert "2 pod(s) in place" in status.message
+    assert any(e.reason == "Restarting" and "in place" in e.message for e in plan.events)
+
+
+def test_a_peer_lost_waits_briefly_for_the_root_cause():
+    pods = gang()
+    lost = EntryState(0, contract.ENTRY_FAILED, 13, "peer lost", seconds_since_failure=1.0)
+    plan = decide(make_job(2), running_status(), pods, NOW, entry_states={pods[0].uid: lost})
+    assert plan.restart_in_place == () and plan.status.phase == "Running"
+    assert plan.requeue_after is not None and 3.9 < plan.requeue_after <= 4.0
+    # The root cause shows: it is the culprit.
+    killed = EntryState(0, contract.ENTRY_FAILED, 137, "killed", seconds_since_failure=1.5)
+    plan = decide(make_job(2), running_status(), pods, NOW,
+                  entry_states={pods[0].uid: lost, pods[1].uid: killed})
+    assert plan.restart_in_place == tuple(pods) and plan.status.failureHistory[0].nodeRank == 1
+    # None shows within the grace: the consequence is all there is.
+    late = EntryState(0, contract.ENTRY_FAILED, 13, "peer lost", seconds_since_failure=6.0)
+    plan = decide(make_job(2), running_status(), pods, NOW, entry_states={pods[0].uid: late})
+    assert plan.restart_in_place == tuple(pods) and plan.status.failureHistory[0].exitCode == 13
+
+
+def test_recreate_mode_deletes_the_gang_as_before():
+    pods = gang()
+    job = make_job(2, failurePolicy=FailurePolicy(restartMode="Recreate"))
+    plan = decide(job, running_status(), pods, NOW, entry_states={pods[1].uid: FAILED_137})
+    assert plan.restart_in_place == () and {p.name for p in plan.delete} == {p.name for p in pods}
+    assert plan.status.failureHistory[0].restartMode == "Recreate"
+
+
+def test_a_command_of_ones_own_is_always_recreated():
+    job = make_job(2, command=("python", "train.py"))
+    pods = gang()
+    failed = [pods[0], pod_view(1, "Failed", 0, exit_code=1, restart_token="")]
+    plan = decide(job, running_status(), failed, NOW)
+    assert plan.restart_in_place == () and len(plan.delete) == 2
+
+
+def test_a_deleted_pod_is_recreated_while_the_other_restarts_in_place():
+    pods = gang()
+    gone = pod_view(1, "Running", 0, pod_ip="10.0.0.2", restart_token="t", deletion_at=at(-1))
+    plan = decide(make_job(2), running_status(), [pods[0], gone], NOW)
+    assert plan.restart_in_place == (pods[0],)
+    assert plan.delete == ()  # already going
+    assert "1 pod(s) in place, 1 recreated" in plan.status.message
+    # The old pod still terminating holds its name: rank 1 waits for it.
+    waiting = decide(make_job(2), plan.status, [gang(attempt=1)[0], gone], at(1))
+    assert waiting.create_ranks == ()
+    # It is gone: rank 1 is created for attempt 1.
+    after = decide(make_job(2), plan.status, [gang(attempt=1)[0]], at(1))
+    assert after.create_ranks == (1,) and after.attempt == 1
+
+
+def test_a_permanent_code_fails_the_job_without_restarting():
+    pods = gang()
+    permanent = EntryState(0, contract.ENTRY_FAILED, 2, "bad configuration")
+    plan = decide(make_job(2), running_status(), pods, NOW, entry_states={pods[0].uid: permanent})
+    assert plan.status.phase == "Failed" and plan.restart_in_place == ()
+    assert plan.status.failureHistory[0].restartMode == ""
+
+
+def test_the_state_of_another_attempt_or_a_running_one_is_no_failure():
+    pods = gang(attempt=1)
+    for state in (EntryState(0, contract.ENTRY_FAILED, 137, "old"), EntryState(1, contract.ENTRY_STOPPING),
+                  EntryState(1, contract.ENTRY_RUNNING)):
+        plan = decide(make_job(2), running_status(attempt=1), pods, NOW, entry_states={pods[0].uid: state})
+        assert plan.status.phase == "Running" and plan.restart_in_place == ()
+
+
+def test_the_budget_still_counts_in_place_restarts():
+    pods = gang()
+    job = make_job(2, failurePolicy=FailurePolicy(maxRestarts=1))
+    spent = running_status().__class__(**{**running_status().__dict__, "restarts": 1})
+    plan = decide(job, spent, pods, NOW, entry_states={pods[1].uid: FAILED_137})
+    assert plan.status.phase == "Failed" and plan.status.reason == "RestartBudgetExhausted"
+
+
+def test_a_pod_on_an_excluded_node_is_recreated_not_kept():
+    from ddpjob.api.status import ExcludedNode
+    pods = gang()
+    status = running_status().__class__(**{**running_status().__dict__,
+                                          "excludedNodes": (ExcludedNode(nodeName="worker-1"),)})
+    plan = decide(make_job(2), status, pods, NOW, entry_states={pods[0].uid: FAILED_137})
+    assert plan.restart_in_place == (pods[0],) and [p.name for p in plan.delete] == [pods[1].name]
+
+
+# --- the pod spec ----------------------------------------------------------------------------------
+def env_of(pod):
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_pods_carry_the_token_the_mode_and_a_readiness_probe():
+    pod = builders.build_pod(make_job(2), 1, 0, restart_token="s3cret")
+    env = env_of(pod)
+    assert env[contract.DDPJOB_RESTART_MODE] == "InPlace" and env[contract.DDPJOB_RESTART_TOKEN] == "s3cret"
+    assert env[contract.DDPJOB_PERMANENT_EXIT_CODES] == ",".join(map(str, contract.DEFAULT_PERMANENT_EXIT_CODES))
+    probe = pod["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/ready", "port": builders.PROGRESS_PORT_NAME}
+    view = decision.view_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}})
+    assert view.restart_token == "s3cret" and "s3cret" not in repr(view)
+
+
+def test_recreate_pods_have_no_token_and_no_probe():
+    pod = builders.build_pod(make_job(2, failurePolicy=FailurePolicy(restartMode="Recreate")), 0, 0,
+                             restart_token="s3cret")
+    assert contract.DDPJOB_RESTART_TOKEN not in env_of(pod)
+    assert "readinessProbe" not in pod["spec"]["containers"][0]
+    assert decision.view_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}}).restart_token == ""
+
+
+def test_every_created_pod_gets_its_own_token():
+    pods = builders.build_pods(make_job(3), 0, new_token=restart_orders.new_token)
+    tokens = {env_of(p)[contract.DDPJOB_RESTART_TOKEN] for p in pods}
+    assert len(tokens) == 3 and all(len(t) >= 32 for t in tokens)
+
+
+# --- what a pod says ---------------------------------------------------------------------------
+@pytest.mark.parametrize("raw", [
+    b"", b"null", b"[]", b"{", b'{"attempt": "1", "state": "failed"}', b'{"attempt": true, "state": "failed"}',
+    b'{"attempt": -1, "state": "failed"}', b'{"attempt": 1, "state": "dancing"}',
+    b'{"attempt": 1, "state": "failed", "exitCode": 300}', b'{"attempt": 1, "state": "failed", "exitCode": 1.5}',
+    b'{"attempt": 99999999999999999999999, "state": "failed"}', b'{"attempt": 1, "state": "failed"}',
+    b'{"attempt": NaN, "state": "failed"}', b"\xff\xfe", b'{"attempt": 1, "state": "running"' + b" " * 5000 + b"}",
+])
+def test_a_malformed_state_is_no_state(raw):
+    assert parse_entry_state(raw) is None
+
+
+def test_a_state_is_read_and_its_message_bounded():
+    raw = json.dumps({"attempt": 3, "state": "failed", "exitCode": 137, "message": "x" * 2000}).encode()
+    state = parse_entry_state(raw)
+    assert (state.attempt, state.state, state.exit_code) == (3, "failed", 137)
+    assert len(state.message) == contract.MAX_ENTRY_MESSAGE_CHARS
+
+
+def test_the_state_and_the_order_over_http():
+    answer = json.dumps({"attempt": 0, "state": "failed", "exitCode": 137, "message": "m"}).encode()
+    with fake_pod(200, answer) as (port, _):
+        assert restart_orders.fetch_entry_state("127.0.0.1", port, 2.0) == EntryState(0, "failed", 137, "m")
+    with fake_pod(202, b"{}") as (port, pod):
+        assert restart_orders.order_restart("127.0.0.1", port, "tok", 4, 2.0)
+        assert pod.seen == [("/restart", "Bearer tok", b'{"attempt": 4}')]
+    with fake_pod(401, b"{}") as (port, _):
+        assert not restart_orders.order_restart("127.0.0.1", port, "tok", 4, 2.0)
+
+
+def test_a_pod_that_trickles_redirects_or_floods_gives_no_state():
+    answer = json.dumps({"attempt": 0, "state": "failed", "exitCode": 1}).encode()
+    with fake_pod(200, answer + b" " * 400, delay=0.3) as (port, _):
+        started = time.monotonic()
+        assert restart_orders.fetch_entry_state("127.0.0.1", port, 0.5) is None
+        assert time.monotonic() - started < 1.5  # one deadline for the whole request
+    with fake_pod(302, answer) as (port, _):
+        assert restart_orders.fetch_entry_state("127.0.0.1", port, 2.0) is None
+    with fake_pod(200, b"{" + b" " * 10000 + b"}") as (port, _):
+        assert restart_orders.fetch_entry_state("127.0.0.1", port, 2.0) is None
+    assert restart_orders.fetch_entry_state("localhost", 1, 1.0) is None  # never a name
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        free = closed.getsockname()[1]
+    assert restart_orders.fetch_entry_state("127.0.0.1", free, 1.0) is None
+
+
+# --- the pass ---------------------------------------------------------------------------------
+def test_the_pass_orders_relabels_and_recreates_a_pod_that_does_not_take_the_order(monkeypatch):
+    orders = []
+
+    def order(ip, port, token, attempt, deadline):
+        orders.append((ip, token, attempt))
+        return ip == "10.0.0.1"  # rank 1's pod does not answer
+
+    monkeypatch.setattr(restart_orders, "fetch_entry_state", lambda ip, port, deadline: FAILED_137)
+    monkeypatch.setattr(restart_orders, "order_restart", order)
+    kube, memory = FakeKube(), JobMemory()
+    memory.status = running_status()
+    pods = gang()
+    memory.in_place.seen_ready = {p.uid for p in pods}
+    lost = [pods[0], pod_view(1, "Running", 0, pod_ip="10.0.0.2", restart_token="token-1",
+                              container_ready=False, node_name="worker-1")]
+    run_pass(body(), lost, memory, kube)
+    assert sorted(orders) == [("10.0.0.1", "token-0", 1), ("10.0.0.2", "token-1", 1)]
+    assert ("relabel", "train-node-0", ((names.LABEL_RESTART_ATTEMPT, "1"),)) in kube.log
+    assert ("delete", ("train-node-1",)) in kube.log
+    assert kube.status["restartAttempt"] == 1 and kube.status["failureHistory"][0]["restartMode"] == "InPlace"
+    # The watch still shows the old label: the pod counts as attempt 1 anyway (no stray delete).
+    kube.log.clear()
+    run_pass(body(), [pods[0]], memory, kube, now=at(1))
+    assert not any(entry[0] == "delete" and "train-node-0" in entry[1] for entry in kube.log)
+    assert ("create_pods", ("train-node-1",)) in kube.log
+
+
+def test_a_pod_never_seen_ready_is_not_asked(monkeypatch):
+    asked = []
+    monkeypatch.setattr(restart_orders, "fetch_entry_state", lambda *a: asked.append(a))
+    kube, memory = FakeKube(), JobMemory()
+    memory.status = running_status()
+    run_pass(body(), gang(container_ready=False), memory, kube)
+    assert asked == []
+    run_pass(body(), gang(), memory, kube, now=at(1))  # seen ready now
+    run_pass(body(), gang(container_ready=False), memory, kube, now=at(2))
+    assert len(asked) == 2
+
+
+def test_a_stalled_gang_restarts_in_place():
+    """A rank blocked in a collective: its pods look healthy, so all of them are kept (the entry
+    points stop the workers, SIGKILL after the grace) and the restart counts as Stalled."""
+    from ddpjob.api import progress
+    body_ = {"ranks": {"0": {"step": 42, "total_steps": 100, "age_seconds": 70},
+                       "1": {"step": 40, "total_steps": 100, "age_seconds": 90}}}
+    seen = progress.merge(None, 0, [progress.parse_answer(body_, NOW)])
+    job = make_job(2, failurePolicy=FailurePolicy(progressTimeoutSeconds=60))
+    plan = decide(job, running_status(), gang(), NOW, progress=seen)
+    assert plan.status.reason == "Stalled" and plan.restart_in_place == tuple(gang())
+    assert plan.status.failureHistory[0].restartMode == "InPlace"
+
+
+def test_a_second_failure_during_an_in_place_restart_restarts_again():
+    """Attempt 1 was ordered in place; before it trains, node 0's entry point fails at attempt
+    1: a second restart, to attempt 2, in place again, counting against the budget."""
+    pods = gang()
+    first = decide(make_job(2), running_status(), pods, NOW, entry_states={pods[1].uid: FAILED_137})
+    restarted = gang(attempt=1)
+    again = EntryState(1, contract.ENTRY_FAILED, 1, "Traceback: RuntimeError")
+    second = decide(make_job(2), first.status, restarted, at(2), entry_states={restarted[0].uid: again})
+    assert (second.status.restartAttempt, second.status.restarts) == (2, 2)
+    assert second.restart_in_place == tuple(restarted) and second.attempt == 2
+    assert [r.attempt for r in second.status.failureHistory[:2]] == [1, 0]
