@@ -268,3 +268,73 @@ def test_a_second_failure_during_an_in_place_restart_restarts_again():
     assert (second.status.restartAttempt, second.status.restarts) == (2, 2)
     assert second.restart_in_place == tuple(restarted) and second.attempt == 2
     assert [r.attempt for r in second.status.failureHistory[:2]] == [1, 0]
+
+
+def _reported_then_restarted_in_place():
+    """A job whose attempt 0 reported progress, then failed and was restarted in place: the
+    status after the order, the pods of attempt 1, and the job."""
+    from ddpjob.api import progress
+    job = make_job(2)
+    pods = gang()
+    answer = {"ranks": {"0": {"step": 40, "total_steps": 100, "age_seconds": 1},
+                        "1": {"step": 40, "total_steps": 100, "age_seconds": 1}}}
+    reported = decide(job, running_status(), pods, NOW,
+                      progress=progress.merge(None, 0, [progress.parse_answer(answer, NOW)]))
+    assert reported.status.progress is not None and reported.status.progress.attempt == 0
+    first = decide(job, reported.status, pods, at(1), entry_states={pods[1].uid: FAILED_137})
+    assert first.restart_in_place == tuple(pods)
+    return job, first.status, gang(attempt=1)
+
+
+def test_an_in_place_attempt_that_fails_before_its_first_report_is_recreated():
+    """The program reports progress (attempt 0 did), attempt 1 was restarted in place and fails
+    before any report: whatever held it may still be in those pods, so attempt 2 gets new ones;
+    the Event says why."""
+    job, ordered, restarted = _reported_then_restarted_in_place()
+    again = EntryState(1, contract.ENTRY_FAILED, 1, "Traceback: RuntimeError")
+    second = decide(job, ordered, restarted, at(5), entry_states={restarted[0].uid: again})
+    assert second.restart_in_place == () and second.status.restartAttempt == 2
+    assert {p.name for p in second.delete} == {p.name for p in restarted}
+    assert second.status.failureHistory[0].restartMode == "Recreate"
+    restarting = next(e for e in second.events if e.reason == "Restarting")
+    assert "attempt 1 was restarted in place and failed before its first progress report" in restarting.message
+
+
+def test_an_in_place_attempt_that_reported_restarts_in_place_again():
+    from ddpjob.api import progress
+    job, ordered, restarted = _reported_then_restarted_in_place()
+    answer = {"ranks": {"0": {"step": 41, "total_steps": 100, "age_seconds": 0}}}
+    running = decide(job, ordered, restarted, at(5),
+                     progress=progress.merge(None, 1, [progress.parse_answer(answer, at(5))]))
+    assert running.status.progress.attempt == 1
+    again = EntryState(1, contract.ENTRY_FAILED, 1, "Traceback: RuntimeError")
+    second = decide(job, running.status, restarted, at(6), entry_states={restarted[0].uid: again})
+    assert second.restart_in_place == tuple(restarted) and second.status.restartAttempt == 2
+
+
+def test_an_in_place_attempt_silent_past_the_startup_bound_is_recreated():
+    """The pods of an in-place attempt run from the order on, so the startup clock cannot fire:
+    the bound is the attempt's first progress report within startupTimeoutSeconds of the order
+    (counted from this operator's first sight of the attempt), and past it the gang is recreated."""
+    from ddpjob.api import progress
+    job, ordered, restarted = _reported_then_restarted_in_place()
+    bound = job.spec.startupTimeoutSeconds
+    silent = progress.GangProgress(attempt=1, watched_since=at(1))
+    early = decide(job, ordered, restarted, at(1 + bound / 2), progress=silent)
+    assert early.status.phase == "Running" and early.restart_in_place == () and early.delete == ()
+    assert early.requeue_after is not None and abs(early.requeue_after - bound / 2) < 1.01
+    # An operator that first saw the attempt late counts from then.
+    late_sight = progress.GangProgress(attempt=1, watched_since=at(1 + bound))
+    assert decide(job, ordered, restarted, at(2 + bound), progress=late_sight).status.phase == "Running"
+    overdue = decide(job, ordered, restarted, at(2 + bound), progress=silent)
+    assert (overdue.status.phase, overdue.status.reason) == ("Restarting", "Stalled")
+    assert overdue.restart_in_place == () and {p.name for p in overdue.delete} == {p.name for p in restarted}
+    assert "restarted in place, and no rank reported progress within startupTimeoutSeconds" in \
+        overdue.status.failureHistory[0].message
+    assert overdue.status.failureHistory[0].restartMode == "Recreate"
+    # A program that never reports (no attempt did) is not judged by this bound.
+    pods = gang()
+    first = decide(job, running_status(), pods, NOW, entry_states={pods[1].uid: FAILED_137})
+    quiet = decide(job, first.status, gang(attempt=1), at(2 + bound),
+                   progress=progress.GangProgress(attempt=1, watched_since=NOW))
+    assert quiet.status.phase == "Running"

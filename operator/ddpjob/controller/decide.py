@@ -779,8 +779,10 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         since = status.condition(RUNNING) if status.phase == RUNNING else None
         running_since = (parse_time(since.lastTransitionTime) if since else None) or now
         stalled, stall_due = progress_reports.stall(job, progress, running_since, now)
-        if stalled is not None:
-            return _stalled(job, observed, pods, now, stalled)
+        overdue, overdue_due = _in_place_start_overdue(job, status, progress, now)
+        if stalled is not None or overdue is not None:
+            return _stalled(job, observed, pods, now, stalled or overdue)
+        stall_due = soonest(stall_due, overdue_due)
         if progress is not None:
             running = replace(running, progress=progress_reports.to_status(
                 progress, running=True, previous=status.progress))
@@ -904,6 +906,8 @@ def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                                     recent_disruptions=len(window))
     first = ruling.cause
     keep = _restartable_in_place(job, status, pods) if ruling.restart else ()
+    fallback = (ruling.restart and _in_place_failed_before_training(status)
+                and spec.effective_restart_mode(job.spec) == contract.RESTART_MODE_IN_PLACE)
     mode = "" if not ruling.restart else (contract.RESTART_MODE_IN_PLACE if keep else contract.RESTART_MODE_RECREATE)
     # The culprit goes into the history whatever comes next (restart or failure).
     recorded = with_failure(replace(status, recentDisruptions=window),
@@ -933,17 +937,67 @@ def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                   + f"; restarting all {status.nnodes} node(s) ({ruling.spending(policy)})")
     if keep:
         return _in_place(job, restarting, pods, now, keep, event, excluded)
+    if fallback:
+        event = replace(event, message=event.message + (
+            f"; recreating the pods: attempt {status.restartAttempt} was restarted in place and "
+            "failed before its first progress report"))
     # Every pod of the attempt goes, including the healthy ranks: they would hang in a
     # collective with the dead one until a watchdog fires (kubeflow/trainer#2269).
     return Plan(status=restarting, delete=_deletable(_ours(job, pods)), events=(event,) + excluded)
 
 
+def _started_in_place(status: JobStatus) -> bool:
+    """The current attempt was started inside the pods of the one before (failureHistory[0] is
+    the failure that ended that one)."""
+    last = status.failureHistory[0] if status.failureHistory else None
+    return (last is not None and last.restartMode == contract.RESTART_MODE_IN_PLACE
+            and last.attempt == status.restartAttempt - 1)
+
+
+def _in_place_failed_before_training(status: JobStatus) -> bool:
+    """The attempt restarted in place failed before any of its ranks reported progress, where an
+    earlier attempt did report (the program reports, so its silence is news). Whatever held it
+    (a process SIGTERM did not end, a wedged device, a full /dev/shm) may still be in those pods:
+    the next attempt gets new ones."""
+    return (_started_in_place(status) and status.progress is not None
+            and status.progress.attempt < status.restartAttempt)
+
+
+def _in_place_start_overdue(job: spec.DDPJob, status: JobStatus,
+                            progress: Optional[progress_reports.GangProgress],
+                            now: dt.datetime) -> tuple[Optional[progress_reports.Stall], Optional[float]]:
+    """(a stall, if an attempt restarted in place has not reached its first progress report
+    within startupTimeoutSeconds of the order; else seconds until it would be late, if that
+    bound applies). The bound applies to programs that report progress (an earlier attempt
+    did) and counts from no earlier than this operator's first sight of the attempt, as hang
+    detection does (an operator outage is no evidence of a hang). The pods of an in-place
+    attempt are running from the order on, so the startup clock alone would never fire."""
+    if not _started_in_place(status) or status.progress is None or progress is None:
+        return None, None
+    if progress.attempt == status.restartAttempt and progress.ranks:
+        return None, None
+    created = status.condition(CREATED)
+    ordered_at = parse_time(created.lastTransitionTime) if created and created.status == "True" else None
+    if ordered_at is None:
+        return None, None
+    since = max(ordered_at, progress.watched_since or ordered_at)
+    left = job.spec.startupTimeoutSeconds - (now - since).total_seconds()
+    if left > 0:
+        return None, left
+    world = status.nnodes * job.spec.nprocPerNode
+    message = (f"attempt {status.restartAttempt} was restarted in place, and no rank reported progress "
+               f"within startupTimeoutSeconds ({job.spec.startupTimeoutSeconds}s) of the order")
+    return progress_reports.Stall(message, tuple(range(world)), 0), None
+
+
 def _restartable_in_place(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView]) -> tuple[PodView, ...]:
     """The pods of the failed attempt that can start the next one in place: running, with an
     entry point that takes orders, in the attempt's shape (a spec changed since is for new
-    pods), and not on a node the next attempt avoids. None at all: the gang is recreated."""
+    pods), and not on a node the next attempt avoids. None at all: the gang is recreated; so
+    too after an in-place attempt that failed before its first progress report."""
     if (spec.effective_restart_mode(job.spec) != contract.RESTART_MODE_IN_PLACE
-            or (status.podSpecHash and status.podSpecHash != spec.pod_spec_hash(job.spec))):
+            or (status.podSpecHash and status.podSpecHash != spec.pod_spec_hash(job.spec))
+            or _in_place_failed_before_training(status)):
         return ()
     avoided = {n.nodeName for n in status.excludedNodes}
     keep: dict[int, PodView] = {}
