@@ -81,9 +81,14 @@ def test_a_rank_blocked_in_a_collective_is_stalled_and_the_gang_completes_from_i
         template={"spec": {"volumes": [hostpath_volume("shared", shared_host_dir)],
                            "terminationGracePeriodSeconds": 2}},
         failurePolicy={"maxRestarts": 1, "progressTimeoutSeconds": 15}))
+    e2e.wait_for_phase(name, "Running", TIMEOUT)
+    pods_before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in e2e.pods(name)}
     status = e2e.wait_until_finished(name, TIMEOUT)
     assert status["phase"] == "Succeeded", status
     assert (status["restarts"], status["restartAttempt"]) == (1, 1), status
+    # The stall restarted the gang inside the same pods (issue 22): nothing was recreated.
+    assert status["failureHistory"][0]["restartMode"] == "InPlace", status["failureHistory"]
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in e2e.pods(name)} == pods_before
     stalled = e2e.wait_for_event(name, "Stalled")
     assert "no rank reported progress for" in stalled[0]["message"], stalled
     restarting = e2e.wait_for_event(name, "Restarting")
