@@ -96,6 +96,11 @@ DDPJOB_PROGRESS_PORT = "DDPJOB_PROGRESS_PORT"
 DEFAULT_PROGRESS_DIR = "/dev/shm/ddpjob-progress"  # /dev/shm: the writable memory volume every pod has
 DEFAULT_PROGRESS_PORT = 29400
 PROGRESS_PATH = "/progress"
+#: The answer's key naming the attempt whose workers wrote its reports, where the server knows it
+#: (the pod entry point in InPlace mode). A restart in place clears the reports of the attempt
+#: before, but until the order arrives the operator already counts the pod in the next attempt:
+#: an answer for another attempt than the one polled carries no report of it.
+PROGRESS_ATTEMPT_KEY = "attempt"
 #: The keys of one report (a JSON object, one file per rank); only ``step`` is required.
 #: ``throughput`` is in samples per second; ``time`` is the writer's Unix time.
 PROGRESS_REPORT_KEYS = ("step", "total_steps", "epoch", "epochs", "loss", "throughput", "time")

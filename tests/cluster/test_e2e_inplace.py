@@ -4,11 +4,15 @@ the next attempt resumes from the checkpoint."""
 from __future__ import annotations
 
 import json
+import textwrap
+from pathlib import Path
 
 import pytest
 
 from ddpjob import contract
 from ddpjob.api import names
+from tests.support.progress_jobs import HANGING_SCRIPT
+from tests.testbed import kind as kind_target
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
     ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
@@ -128,3 +132,39 @@ def test_a_restart_order_without_the_pods_token_is_refused(e2e, shared_host_dir)
     status = e2e.wait_until_finished(name, TRAINING_TIMEOUT)
     assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
     assert uids(e2e, name) == before
+
+
+def test_a_second_failure_before_the_in_place_attempt_trains_recreates_the_gang(e2e, shared_host_dir):
+    """Attempt 0 stalls (rank 1 blocked in a collective): restarted in place. Attempt 1 fails
+    before any progress report (rank 0 exits 1 before its rendezvous): a second failure during
+    the in-place restart, so attempt 2 gets new pods, and resumes from the checkpoint."""
+    if not e2e.local and kind_target.shared_dir() is None:
+        pytest.skip("the script is handed over through a host folder every node mounts "
+                    "($DDPJOB_KIND_SHARED_DIR, set by scripts/e2e-kind.sh)")
+    prepare_shared_dir(e2e, shared_host_dir)
+    Path(shared_host_dir, "hang.py").write_text(textwrap.dedent(HANGING_SCRIPT))
+    name = "in-place-twice"
+    e2e.create(ddpjob_manifest(
+        name, e2e.image, args=["--script", "/shared/hang.py"],
+        env=[*ONE_THREAD_ENV, {"name": "CKPT", "value": "/shared/ckpt"}, {"name": "HANG", "value": "step"},
+             {"name": "FAIL_ON_ATTEMPT", "value": "1"}],
+        volumeMounts=[{"name": "shared", "mountPath": "/shared"}],
+        template={"spec": {"volumes": [hostpath_volume("shared", shared_host_dir)],
+                           "terminationGracePeriodSeconds": 2}},
+        failurePolicy={"maxRestarts": 2, "progressTimeoutSeconds": 15}))
+    e2e.wait_for_phase(name, "Running", TRAINING_TIMEOUT)
+    before = uids(e2e, name)
+    status = e2e.wait_until_finished(name, TRAINING_TIMEOUT)
+    assert status["phase"] == "Succeeded", status
+    assert (status["restarts"], status["restartAttempt"]) == (2, 2), status
+    second, first = status["failureHistory"][:2]
+    assert (first["attempt"], first["reason"], first["restartMode"]) == (0, "Stalled", "InPlace"), first
+    assert (second["attempt"], second["nodeRank"], second["exitCode"], second["restartMode"]) == \
+        (1, 0, 1, "Recreate"), second
+    after = uids(e2e, name)
+    assert set(after) == set(before) and not set(after.values()) & set(before.values()), (before, after)
+    restarting = e2e.wait_for_event(name, "Restarting")
+    assert any("was restarted in place and failed before its first progress report" in e["message"]
+               for e in restarting), restarting
+    log = e2e.wait_for_logs(f"{name}-node-0", "finished at step 10")
+    assert "rank 0 attempt 2 resumes at step 4" in log, log

@@ -4,7 +4,8 @@ It trains nothing: each step is one gloo all-reduce, then rank 0 records the ste
 checkpoint file (atomically) and every rank reports it (``ddptrainer.report``). On attempt 0,
 rank 1 hangs where ``HANG`` says: ``step`` (at step ``HANG_AT``, so rank 0 blocks inside the
 all-reduce, as a stuck collective does) or ``init`` (before ``init_process_group``, so the
-rendezvous never completes). A later attempt resumes from the checkpoint and finishes.
+rendezvous never completes). With ``FAIL_ON_ATTEMPT=N``, rank 0 of attempt N exits 1 before
+its rendezvous (before any report). A later attempt resumes from the checkpoint and finishes.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ def stuck_in_collective():  # the frame the operator's StalledStacks Event must 
 if attempt == 0 and rank == 1 and hang == "init":
     print("rank 1 hangs before init_process_group", flush=True)
     time.sleep(3600)
+if attempt == int(os.environ.get("FAIL_ON_ATTEMPT", "-1")) and rank == 0:
+    print(f"rank 0 fails attempt {attempt} before its rendezvous", flush=True)
+    sys.exit(1)
 dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=600))
 start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
 print(f"rank {rank} attempt {attempt} resumes at step {start}", flush=True)

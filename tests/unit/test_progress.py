@@ -178,7 +178,7 @@ def test_without_a_poll_function_the_pass_only_asks_and_merges_answers_on_a_late
     kube, memory = FakeKube(), JobMemory()
     obj = body(status=running_status().to_dict())
     reconcile(obj, pods(), memory, kube=kube, settings=settings, post_event=lambda e: None, now=NOW, parse=parse)
-    assert memory.polling.due == (0, (Target("10.0.0.1", range(0, 1)), Target("10.0.0.2", range(1, 2))))
+    assert memory.polling.due == (0, (Target("10.0.0.1", range(0, 1), attempt=0), Target("10.0.0.2", range(1, 2), attempt=0)))
     assert not (kube.status.get("progress") or {}).get("ranksReporting"), kube.status  # nobody asked yet
     memory.polling.due = None  # the worker took it
     memory.polling.answers.append((1, [answer((0, 99, 0.1))]))  # a newer gang's: not this one's

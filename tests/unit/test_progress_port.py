@@ -418,3 +418,26 @@ def test_after_an_outage_the_first_report_bound_also_counts_from_the_operators_r
 
 def test_a_bad_recorded_time_is_no_report():
     assert not progress.from_status(Progress(step=1, lastReportTime="yesterday"), 0, NOW).ranks
+
+
+# -- an answer names its attempt (the in-place restart's window) --------------------------------
+def test_an_answer_for_another_attempt_carries_no_report_of_the_one_polled():
+    """Between the in-place order's status write and the entry point's start of the next
+    attempt, the pod still serves the attempt before's reports while the operator polls it for
+    the next: an answer naming another attempt (or naming one oddly) gives no report; one
+    naming none (a server of the user's own) is read as before."""
+    target = pod_progress.Target("10.0.0.1", range(0, 2), attempt=1)
+    reports = {"0": {"step": 40, "age_seconds": 1}, "1": {"step": 40, "age_seconds": 1}}
+
+    def read(**answer):
+        return pod_progress.read_answer(json.dumps(answer).encode(), target, NOW)
+
+    assert read(attempt=0, ranks=reports) == {}
+    assert set(read(attempt=1, ranks=reports)) == {0, 1}
+    assert set(read(ranks=reports)) == {0, 1}
+    for odd in ("1", True, 1.0, None, [1], {"a": 1}, 2 ** 70):
+        assert read(attempt=odd, ranks=reports) == {}, odd
+    # Without an attempt polled (no job's attempt to compare with), the answer counts as it is.
+    unbound = pod_progress.Target("10.0.0.1", range(0, 2))
+    assert set(pod_progress.read_answer(json.dumps({"attempt": 5, "ranks": reports}).encode(),
+                                        unbound, NOW)) == {0, 1}

@@ -259,7 +259,7 @@ def _request(port, method, path, raw=None, headers=None):
 
 def test_the_server_answers_the_protocol(served):
     control, port = served
-    assert _request(port, "GET", "/progress") == (200, b'{"ranks": {}}')
+    assert _request(port, "GET", "/progress") == (200, b'{"attempt": 0, "ranks": {}}')
     assert _request(port, "GET", "/ready")[0] == 200
     control.fail(137, "worker rank 1 exited 137")
     status, raw = _request(port, "GET", "/ready")
@@ -349,3 +349,30 @@ def test_a_master_that_never_answers_ends_the_wait_at_the_bound():
         port = s.getsockname()[1]  # closed again: nobody listens
     with pytest.raises(MasterUnreachable, match="did not run attempt 2"):
         wait_for_master_attempt("127.0.0.1", port, 2, 0.3, lambda _: None, interval=0.05)
+
+
+# ----------------------------------------------------------------- /progress names its attempt
+def test_the_progress_answer_names_the_attempt_its_reports_come_from(tmp_path, monkeypatch):
+    """The attempt before's reports stay in the folder until the entry point clears them and
+    begins the next: until then they are sent under the attempt before; reports read while
+    another attempt began are sent under neither."""
+    (tmp_path / contract.progress_file_name(0)).write_text(json.dumps({"step": 40}))
+    control = EntryControl(0, TOKEN)
+    answer = report.progress_answer(str(tmp_path), control)
+    assert answer[contract.PROGRESS_ATTEMPT_KEY] == 0 and set(answer["ranks"]) == {"0"}
+    assert control.order(1)[0] == 202
+    assert report.progress_answer(str(tmp_path), control)[contract.PROGRESS_ATTEMPT_KEY] == 0
+    control.begin(1)
+    assert report.progress_answer(str(tmp_path), control)[contract.PROGRESS_ATTEMPT_KEY] == 1
+    real_read = contract.read_progress_reports
+
+    def read_while_the_next_begins(directory, now=None):
+        control.begin(2)
+        return real_read(directory, now)
+
+    monkeypatch.setattr(contract, "read_progress_reports", read_while_the_next_begins)
+    raced = report.progress_answer(str(tmp_path), control)
+    assert raced["ranks"] == {} and raced[contract.PROGRESS_ATTEMPT_KEY] == 1
+    # Without a control (Recreate mode: one attempt per pod) the answer names none.
+    monkeypatch.setattr(contract, "read_progress_reports", real_read)
+    assert report.progress_answer(str(tmp_path)) == {"ranks": real_read(str(tmp_path))}

@@ -102,6 +102,19 @@ def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Opti
     return True
 
 
+def progress_answer(directory: str, control: Optional["EntryControl"] = None) -> dict[str, Any]:
+    """The ``/progress`` answer: the ranks' reports and, with ``control``, the attempt their
+    workers run in (contract.PROGRESS_ATTEMPT_KEY). The attempt is read before the files and
+    checked after them: reports read while another attempt began are not sent under either."""
+    if control is None:
+        return {"ranks": contract.read_progress_reports(directory)}
+    attempt = control.attempt
+    reports = contract.read_progress_reports(directory)
+    if control.attempt != attempt:
+        reports = {}
+    return {contract.PROGRESS_ATTEMPT_KEY: attempt, "ranks": reports}
+
+
 def serve_progress(directory: str, port: int, host: str = "0.0.0.0",
                    control: Optional["EntryControl"] = None) -> Optional[ThreadingHTTPServer]:
     """Serve ``GET /progress`` on ``port`` from a daemon thread; None if the port is taken.
@@ -117,7 +130,7 @@ def serve_progress(directory: str, port: int, host: str = "0.0.0.0",
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
             path = self.path.split("?")[0]
             if path == contract.PROGRESS_PATH:
-                self._answer(200, {"ranks": contract.read_progress_reports(directory)})
+                self._answer(200, progress_answer(directory, control))
                 return
             if control is not None and path == contract.STACKS_PATH:
                 self.close_connection = True

@@ -129,6 +129,13 @@ class EntryControl:
             return self._active
 
     @property
+    def attempt(self) -> int:
+        """The attempt this pod's workers run in (or last ran in); an accepted order's attempt
+        only once ``begin`` starts it."""
+        with self._lock:
+            return self._attempt
+
+    @property
     def ordered(self) -> Optional[int]:
         """The attempt an accepted order asks for, until ``begin`` starts it."""
         with self._lock:

@@ -33,7 +33,7 @@ import ipaddress
 import json
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob.api.progress import RankReport, parse_answer
@@ -61,6 +61,8 @@ class Target:
 
     ip: str
     ranks: range
+    #: The attempt polled: an answer that names another one carries no report of this attempt.
+    attempt: Optional[int] = None
 
 
 def answer_limit(ranks: int) -> int:
@@ -144,7 +146,21 @@ def read_answer(body: Optional[bytes], target: Target, observed: dt.datetime) ->
     """One pod's body -> the reports of the ranks it hosts; {} for no (or no usable) answer."""
     parsed = decode(body, len(target.ranks)) if body is not None else None
     metrics.PROGRESS_POLLS.labels("yes" if parsed is not None else "no").inc()
-    return parse_answer(parsed, observed, ranks=target.ranks) if parsed is not None else {}
+    if parsed is None or not answers_for(parsed, target.attempt):
+        return {}
+    return parse_answer(parsed, observed, ranks=target.ranks)
+
+
+def answers_for(parsed: Any, attempt: Optional[int]) -> bool:
+    """Whether an answer may hold reports of ``attempt``: it names no attempt (a server of the
+    user's own, an entry point in Recreate mode, whose pods live for one attempt), or names
+    exactly that one (an int; anything else is no answer). An entry point that restarts in place
+    answers with the attempt its workers ran in until it starts the next one: those reports
+    are the attempt before's, even though the operator already counts the pod in the next."""
+    if attempt is None or not isinstance(parsed, Mapping) or contract.PROGRESS_ATTEMPT_KEY not in parsed:
+        return True
+    named = parsed[contract.PROGRESS_ATTEMPT_KEY]
+    return type(named) is int and named == attempt
 
 
 @contextlib.asynccontextmanager

@@ -332,7 +332,8 @@ def poll_targets(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView]) -
         if (is_ours(job, p) and p.attempt == status.restartAttempt and p.ready and p.pod_ip
                 and 0 <= p.node_rank < status.nnodes and p.node_rank not in targets):
             nproc = p.nproc_per_node or job.spec.nprocPerNode
-            targets[p.node_rank] = progress.Target(p.pod_ip, range(p.node_rank * nproc, (p.node_rank + 1) * nproc))
+            targets[p.node_rank] = progress.Target(p.pod_ip, range(p.node_rank * nproc, (p.node_rank + 1) * nproc),
+                                                   attempt=status.restartAttempt)
     return [targets[rank] for rank in sorted(targets)]
 
 
