@@ -264,3 +264,44 @@ def test_bad_arguments_exit_2(argv):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["logs", "train", *argv])
     assert exit_.value.code == 2
+
+
+def test_a_big_gang_is_read_a_batch_of_pods_at_a_time(monkeypatch):
+    monkeypatch.setattr(job_logs, "MAX_FOLLOWED_PODS", 1)
+    code, out, _ = run_logs(monkeypatch)
+    assert code == 0 and out.splitlines()[:2] == ["node-0 ==> attempt 0 (pod train-node-0)", "node-0 | n0 a0"]
+    assert "node-1 | n1 a1" in out.splitlines()
+
+
+def test_a_closed_pipe_ends_quietly(monkeypatch):
+    class Closed(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError
+
+    monkeypatch.setattr(cluster, "connect", lambda kubeconfig, context: object())
+    monkeypatch.setattr(cluster, "get_job", lambda conn, ns, name: JOB)
+    monkeypatch.setattr(cluster, "list_pods", lambda conn, ns, selector: [pod(0, attempt=1)])
+    monkeypatch.setattr(cluster, "pod_log", lambda *a, **k: FakeStream(LOGS["train-node-0"].encode()))
+    args = build_parser().parse_args(["logs", "train"])
+    assert args.handler(args, Closed(), io.StringIO()) == 0
+
+
+def test_ctrl_c_ends_a_follow_with_exit_0(monkeypatch):
+    from ddpjob.cli import logs as logs_command
+
+    class Endless(FakeStream):
+        def read1(self, n):
+            return b"2026-12-02T13:00:00Z x\n"
+
+    class Interrupted(logs_command.queue.Queue):
+        def get(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(logs_command.queue, "Queue", Interrupted)
+    monkeypatch.setattr(cluster, "connect", lambda kubeconfig, context: object())
+    monkeypatch.setattr(cluster, "get_job", lambda conn, ns, name: JOB)
+    monkeypatch.setattr(cluster, "list_pods", lambda conn, ns, selector: [pod(0), pod(1)])
+    monkeypatch.setattr(cluster, "pod_log", lambda *a, **k: Endless(b""))
+    args = build_parser().parse_args(["logs", "train", "-f"])
+    err = io.StringIO()
+    assert args.handler(args, io.StringIO(), err) == 0 and err.getvalue() == ""

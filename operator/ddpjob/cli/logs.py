@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import os
 import queue
 import sys
 import threading
@@ -63,6 +64,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_logs(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
+    try:
+        return _run_logs(args, out, err)
+    except KeyboardInterrupt:  # Ctrl-C ends `ddpjob logs -f`, the way it is meant to end
+        return EXIT_OK
+
+
+def _run_logs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ddpjob.client import cluster
 
     def fail(message: str, code: int = EXIT_FAILED) -> int:
@@ -88,8 +96,14 @@ def run_logs(args: argparse.Namespace, out: Optional[TextIO] = None, err: Option
                     "choose one with --rank", EXIT_INVALID)
     readers = [_PodReader(conn, args, pod) for pod in pods]
     try:
-        printed = (_follow if args.follow else _merge)(readers, args.attempt, out)
-    except KeyboardInterrupt:
+        if args.follow:
+            printed = _follow(readers, args.attempt, out)
+        else:  # a connection per pod at a time: a big gang's logs are merged a batch at a time
+            batch = job_logs.MAX_FOLLOWED_PODS
+            printed = sum(_merge(readers[i:i + batch], args.attempt, out) for i in range(0, len(readers), batch))
+    except BrokenPipeError:  # `ddpjob logs JOB | head`: the reader has what it wanted
+        if out is sys.stdout:  # and Python's own flush at exit would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     finally:
         for reader in readers:

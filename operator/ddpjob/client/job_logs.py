@@ -24,7 +24,8 @@ from ddpjob.client.terminal_text import printable
 
 #: The most of one line that is kept (the rest is counted and cut).
 MAX_LINE_BYTES = 16 * 1024
-#: Pods followed at once (a thread each); more needs --rank.
+#: Pods whose logs are read at once (a connection each, and with -f a thread each): -f of more
+#: needs --rank; without -f, a bigger gang's logs are merged that many pods at a time.
 MAX_FOLLOWED_PODS = 64
 #: Lines of a tailed window held back until its attempt is known, and their bytes.
 MAX_HELD_LINES = 10_000
