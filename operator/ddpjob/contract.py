@@ -159,6 +159,28 @@ RESTART_MODES = (RESTART_MODE_IN_PLACE, RESTART_MODE_RECREATE)  # the default fi
 DEFAULT_RESTART_WAIT_SECONDS = 60
 DEFAULT_RESTART_GRACE_SECONDS = 30
 
+#: The line the pod entry point prints on stdout as each attempt starts (the pod's first, then
+#: each one it restarts in place), for ``ddpjob logs``: ``ddptrain-pod: attempt 1 starts (run
+#: 5f0c...)``. The run is random per start of the entry point and written nowhere else (not in
+#: the environment its programs inherit), and the pod's first log line carries it: a line a
+#: program prints to look like a mark cannot know it (docs/contract.md, "Attempt marks").
+ATTEMPT_MARK_RUN_HEX = 16
+ATTEMPT_MARK = re.compile(r"ddptrain-pod: attempt (\d{1,10}) starts \(run ([0-9a-f]{%d})\)" % ATTEMPT_MARK_RUN_HEX)
+
+
+def attempt_mark(attempt: int, run: str) -> str:
+    """The mark of ``attempt`` of the entry point's ``run`` (ATTEMPT_MARK_RUN_HEX hex digits)."""
+    return f"ddptrain-pod: attempt {attempt} starts (run {run})"
+
+
+def parse_attempt_mark(line: str) -> Optional[tuple[int, str]]:
+    """(attempt, run) of a whole line that is a mark, else None."""
+    match = ATTEMPT_MARK.fullmatch(line)
+    if match is None or int(match.group(1)) > MAX_ATTEMPT:
+        return None
+    return int(match.group(1)), match.group(2)
+
+
 #: On the progress port: GET (200 while running, else 503, the /attempt body either way).
 READY_PATH = "/ready"
 #: On the progress port: GET, the entry point's state (``EntryState``), unauthenticated.

@@ -23,6 +23,8 @@ import datetime as dt
 import json
 import re
 import secrets
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -76,6 +78,22 @@ def ddpjob_manifest(name: str, image: str, *, nnodes: int = 2, command: Optional
 
 def hostpath_volume(name: str, path: str) -> dict:
     return {"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+
+
+# -- the `ddpjob` command, as a user runs it --------------------------------------------------
+def kubeconfig_flags(cluster) -> list[str]:
+    """The admin's kubeconfig (local test bed) or kube context (kind), as a user passes them."""
+    flags = ["--kubeconfig", str(cluster.kubeconfig)] if cluster.kubeconfig else []
+    return flags + (["--context", cluster.context] if cluster.context else [])
+
+
+def ddpjob_cli(cluster, command: str, *argv: str, plugin: bool = False,
+               timeout: float = 60) -> subprocess.CompletedProcess:
+    """``ddpjob COMMAND ARGV...`` (``plugin``: ``kubectl ddpjob ...``, the kubectl plugin) with
+    the cluster's kubeconfig flags."""
+    program = ["kubectl", "ddpjob"] if plugin else [sys.executable, "-m", "ddpjob.cli"]
+    return subprocess.run([*program, command, *kubeconfig_flags(cluster), *argv], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 # -- logs -------------------------------------------------------------------------------

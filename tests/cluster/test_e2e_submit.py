@@ -3,27 +3,19 @@ ConfigMap and the DDPJob, and the job Succeeds with every rank of one world."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
 from tests.support.submit_project import write_project
 
-from .e2e_support import REPO_ROOT, e2e  # noqa: F401 - e2e is a fixture
+from .e2e_support import ddpjob_cli, e2e  # noqa: F401 - e2e is a fixture
 
 pytestmark = pytest.mark.cluster
 TRAINING_TIMEOUT = 300
 
 
-def kubeconfig_flags(cluster) -> list[str]:
-    """The admin's kubeconfig (local test bed) or kube context (kind), as a user passes them."""
-    flags = ["--kubeconfig", str(cluster.kubeconfig)] if cluster.kubeconfig else []
-    return flags + (["--context", cluster.context] if cluster.context else [])
-
-
 def submit(cluster, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddpjob.cli", "submit", *kubeconfig_flags(cluster), *argv],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    return ddpjob_cli(cluster, "submit", *argv)
 
 
 def test_submit_a_folder_and_the_job_succeeds(e2e, tmp_path):

@@ -171,6 +171,9 @@ def test_a_killed_worker_is_restarted_in_place_and_resumes(mp, tmp_path, trainer
     assert codes == {0: 0, 1: 0}, out[0][-3000:] + out[1][-3000:]
     for rank in (0, 1):
         assert "restarting in place: attempt 1" in out[rank]
+        # `ddpjob logs` reads the attempts from the marks: the first line, then one per restart
+        marks = [contract.parse_attempt_mark(line) for line in out[rank].splitlines()]
+        assert marks[0] is not None and [m for m in marks if m] == [(0, marks[0][1]), (1, marks[0][1])]
         # the same entry point (not a new process) ran both attempts
         assert (pids / f"rank-{rank}-attempt-0.pid").exists()
         assert (pids / f"rank-{rank}-attempt-1.pid").exists()

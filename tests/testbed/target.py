@@ -10,3 +10,9 @@ TARGET = os.environ.get("DDPJOB_E2E_TARGET", "local")
 local_testbed_only = pytest.mark.skipif(
     TARGET != "local", reason="checks the local test bed itself (DDPJOB_E2E_TARGET=local)")
 
+
+# For tests that need what only a real kubelet serves, such as a pod's log through the API
+# server (pods/log): the local test bed's node agent runs the pods but serves no kubelet API.
+kind_only = pytest.mark.skipif(
+    TARGET != "kind", reason="needs a real kubelet: the local test bed's node agent serves no kubelet "
+    "log endpoint, so pods/log cannot work there (DDPJOB_E2E_TARGET=kind)")

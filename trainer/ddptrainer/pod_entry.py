@@ -29,10 +29,15 @@ bounded by the rendezvous timeout); DDPJOB_INIT_GUARD=0 turns it off.
    torchrun forwards to the workers (they save a checkpoint), gives 143.
 3. A short summary goes to the termination-message file, for ``kubectl describe`` and for the
    operator's ``status.failedNode.message``.
+
+Each attempt starts with one line on stdout, ``ddptrain-pod: attempt N starts (run R)``
+(``contract.attempt_mark``), the pod's first line included: ``ddpjob logs`` reads the attempts
+from them.
 """
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -268,6 +273,12 @@ def _log(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
+def _mark_attempt(attempt: int, run: str) -> None:
+    """The attempt's first line in the pod's log (docs/contract.md, "Attempt marks"). ``run`` is
+    this process's own secret: never in the environment its programs inherit."""
+    print(contract.attempt_mark(attempt, run), flush=True)
+
+
 def _worker_note(endings: Sequence[WorkerEnding], rank: Optional[int]) -> str:
     """What trainer rank ``rank`` said as it ended, else the lowest rank that said anything."""
     said = {e.rank: e.message for e in endings if not e.is_guard_verdict}
@@ -296,6 +307,8 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
     # its own forwarding handlers when it starts the workers).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _raise_terminated)
+    run_mark = secrets.token_hex(contract.ATTEMPT_MARK_RUN_HEX // 2)
+    _mark_attempt(env_int(env, contract.DDPJOB_RESTART_ATTEMPT, 0, invalid=0) or 0, run_mark)
     pod: Optional[PodArgs] = None
     node_rank = 0
     code, message = 0, ""
@@ -321,7 +334,7 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         if control is None or restart is None:
             code, message = _run_attempt(pod, node, env, None)
         else:
-            code, message = _run_attempts(pod, node, env, control, restart)
+            code, message = _run_attempts(pod, node, env, control, restart, run_mark)
     except PodUsageError as e:
         code, message = int(ExitCode.BAD_CONFIG), f"bad configuration: {e}"
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
@@ -419,7 +432,7 @@ def _serve_progress(env: Mapping[str, str],
 
 
 def _run_attempts(pod: PodArgs, node: NodeEnv, env: Mapping[str, str], control: EntryControl,
-                  restart: RestartSettings) -> tuple[int, str]:
+                  restart: RestartSettings, run_mark: str) -> tuple[int, str]:
     """InPlace mode: attempts until one succeeds, fails permanently, waits for an order in
     vain, or the kubelet's SIGTERM ends the pod (``_Terminated``, exit 143 as before)."""
 
@@ -470,6 +483,7 @@ def _run_attempts(pod: PodArgs, node: NodeEnv, env: Mapping[str, str], control: 
         os.environ[contract.DDPJOB_RESTART_ATTEMPT] = str(attempt)
         control.begin(attempt)
         _log(f"restarting in place: attempt {attempt}")
+        _mark_attempt(attempt, run_mark)
 
 
 def _guard_verdict(code: int, message: str, summary_dir: Optional[str]) -> tuple[int, str]:

@@ -1,11 +1,13 @@
 """The `ddpjob` command: run a PyTorch DDP script on many Kubernetes nodes, or on this machine.
 
   ddpjob submit train.py --nnodes 2 -- ARGS   run a local script or folder on the cluster
+  ddpjob status JOB                           one screen about a job: phase, progress, failures, pods
+  ddpjob logs JOB [-f]                        every node's log, merged, each line marked with its node
   ddpjob run -f job.yaml                      run a DDPJob here, one process per node, no cluster
   ddpjob validate -f job.yaml                 check a manifest as the API server would
   ddpjob render -f job.yaml                   show the Service and Pods the operator would create
 
-Also installed as `kubectl-ddpjob`, so `kubectl ddpjob submit ...` works as a kubectl plugin.
+Also installed as `kubectl-ddpjob`, so `kubectl ddpjob submit ...` (status, logs, ...) works as a kubectl plugin.
 """
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpjob", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from ddpjob.cli import render, run, submit, validate
+    from ddpjob.cli import logs, render, run, status, submit, validate
 
     submit.add_parser(sub)
+    status.add_parser(sub)
+    logs.add_parser(sub)
     run.add_parser(sub)
     validate.add_parser(sub)
     render.add_parser(sub)

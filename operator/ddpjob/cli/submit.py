@@ -14,7 +14,6 @@ from typing import Any, Optional, TextIO
 
 import yaml
 
-from ddpjob.api import names
 from ddpjob.api.validation import validate_ddpjob
 from ddpjob.client.code_package import PackageError, read_package
 from ddpjob.client.submission import (DEFAULT_IMAGE, DEFAULT_MOUNT_PATH, LABEL_SUBMITTED_CODE, LAUNCH_MODES,
@@ -141,6 +140,7 @@ def run_submit(args: argparse.Namespace, out: Optional[TextIO] = None, err: Opti
     print(f"ddpjob submit: created ConfigMap {namespace}/{configmap['metadata']['name']} ({files} "
           f"file{'s' * (files != 1)}) and DDPJob {namespace}/{name}", file=err)
     print(f"  watch it:   kubectl get ddpjob {name} -n {namespace} -w", file=err)
-    print(f"  its logs:   kubectl logs -n {namespace} -l {names.LABEL_JOB_NAME}={name} --prefix -f", file=err)
+    print(f"  its status: ddpjob status {name} -n {namespace}", file=err)
+    print(f"  its logs:   ddpjob logs {name} -n {namespace} -f", file=err)
     print(f"ddpjob.dev/{name}", file=out)  # kubectl's "kind/name" line, for scripts
     return EXIT_OK

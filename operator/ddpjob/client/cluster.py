@@ -1,5 +1,5 @@
-"""The user's side of a cluster: ``ddpjob submit`` talks to the API server here, and only here,
-with the user's own kubeconfig and rights.
+"""The user's side of a cluster: ``ddpjob submit``, ``status`` and ``logs`` talk to the API server
+here, and only here, with the user's own kubeconfig and rights.
 
 The official client's ``ApiClient`` does the kubeconfig, auth and TLS; bodies and answers are
 plain dicts (as in ``controller/kube.py``, and for the same reason: the API server is the one
@@ -18,6 +18,9 @@ FIELD_MANAGER = "ddpjob-cli"
 REQUEST_TIMEOUT_SECONDS = 30
 JOBS = f"/apis/{names.API_GROUP}/{names.API_VERSION}/namespaces/{{namespace}}/{names.PLURAL}"
 CONFIGMAPS = "/api/v1/namespaces/{namespace}/configmaps"
+PODS = "/api/v1/namespaces/{namespace}/pods"
+#: A followed log waits for lines as long as the pod runs: only connecting is bounded.
+CONNECT_TIMEOUT_SECONDS = 10
 
 
 class ClusterError(Exception):
@@ -45,15 +48,30 @@ class Connection:
                                str(data.get("reason") or ""))
         return data
 
-    def _call(self, method: str, path: str, body: Any, content_type: str, query: Optional[list]) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+    def stream(self, path: str, *, what: str, query: Optional[list] = None, follow: bool = False) -> Any:
+        """A GET whose answer is read as it comes (a pod's log): the urllib3 response, unread.
+        Without ``follow`` each read waits at most REQUEST_TIMEOUT_SECONDS; with it, forever."""
+        timeout = (CONNECT_TIMEOUT_SECONDS, None) if follow else REQUEST_TIMEOUT_SECONDS
+        response = self._call("GET", path, None, "application/json", query, accept="*/*", timeout=timeout)
+        if not 200 <= response.status <= 299:
+            raw = response.response.read(64 * 1024)  # an error's answer: a Status, small
+            try:
+                message = json.loads(raw).get("message")
+            except (ValueError, AttributeError):
+                message = raw.decode("utf-8", "replace")[:500]
+            raise ClusterError(f"{what}: {message or response.reason}", response.status)
+        return response.response
+
+    def _call(self, method: str, path: str, body: Any, content_type: str, query: Optional[list],
+              accept: str = "application/json", timeout: Any = REQUEST_TIMEOUT_SECONDS) -> Any:
+        headers = {"Accept": accept, "Content-Type": content_type}
         query = list(query or [])
         if method in ("POST", "PATCH", "PUT"):
             query.append(("fieldManager", FIELD_MANAGER))
         params = self.api.param_serialize(method=method, resource_path=path, query_params=query or None,
                                           header_params=headers, body=body, auth_settings=["BearerToken"])
         try:
-            response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            response = self.api.call_api(*params, _request_timeout=timeout)
         except Exception as exc:  # connection refused, timeout, TLS
             raise ClusterError(f"cannot reach the cluster ({self.api.configuration.host}): "
                                f"{type(exc).__name__}: {exc}") from None
@@ -74,8 +92,21 @@ def connect(kubeconfig: Optional[str] = None, context: Optional[str] = None) -> 
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
     except Exception as exc:  # ConfigException, a missing or unreadable file
         where = kubeconfig or "$KUBECONFIG or ~/.kube/config"
-        raise ClusterError(f"no usable kubeconfig ({where}): {exc}") from None
+        raise ClusterError(f"no usable kubeconfig ({where}): {exc} (pass --kubeconfig FILE, set "
+                           "KUBECONFIG, or choose a --context it has)") from None
     return Connection(client.ApiClient(configuration))
+
+
+def hint(error: ClusterError, namespace: str, resource: str) -> str:
+    """``error`` with what the user can do about it, for the refusals every command meets."""
+    if error.status == 0 and str(error).startswith("cannot reach"):
+        return f"{error} (is the cluster up? check --context and --kubeconfig)"
+    if error.status == 401:
+        return f"{error} (the kubeconfig's credentials were refused: log in again, or choose another --context)"
+    if error.status == 403:
+        return (f"{error} (you may not read {resource} in namespace {namespace}: ask for that, or "
+                f"choose another -n or --context)")
+    return str(error)
 
 
 # --- DDPJobs and ConfigMaps --------------------------------------------------------------
@@ -121,3 +152,29 @@ def own_configmap(conn: Connection, configmap: dict, job: dict) -> None:
     conn.request("PATCH", f"{CONFIGMAPS.format(namespace=namespace)}/{name}",
                  {"metadata": {"ownerReferences": [owner]}}, content_type="application/merge-patch+json",
                  what=f"set the owner of ConfigMap {namespace}/{name}")
+
+
+# --- Pods and their logs -----------------------------------------------------------------
+def list_pods(conn: Connection, namespace: str, label_selector: str) -> list[dict]:
+    data = conn.request("GET", PODS.format(namespace=namespace), query=[("labelSelector", label_selector)],
+                        what=f"list pods in namespace {namespace}")
+    return list(data.get("items") or [])
+
+
+def pod_log(conn: Connection, namespace: str, pod: str, container: str, *, follow: bool = False,
+            tail_lines: Optional[int] = None, limit_bytes: Optional[int] = None,
+            timestamps: bool = False) -> Any:
+    """The pods/log subresource of one container, as a stream of bytes (urllib3's response:
+    ``.read1(n)``, ``.close()``): what the kubelet keeps of the container's stdout and stderr;
+    ``timestamps``: each line begins with the kubelet's RFC 3339 time and a space."""
+    query = [("container", container)]
+    if timestamps:
+        query.append(("timestamps", "true"))
+    if follow:
+        query.append(("follow", "true"))
+    if tail_lines is not None:
+        query.append(("tailLines", str(tail_lines)))
+    if limit_bytes is not None:
+        query.append(("limitBytes", str(limit_bytes)))
+    return conn.stream(f"{PODS.format(namespace=namespace)}/{pod}/log", query=query, follow=follow,
+                       what=f"the log of pod {namespace}/{pod}")
