@@ -21,6 +21,12 @@ The operator's threads, one pool per purpose (docs/operator.md, "Threads"):
 * ``Kube.pool`` (``ddpjob-kube``, create_workers threads): the API requests of one pass that
   go out together (a gang's pod POSTs and DELETEs). The pass waits for them; these threads
   wait on nothing but the API server.
+* A pass's own requests to its job's pods (``reconcile``: the in-place restart's
+  ``GET /attempt`` and ``POST /restart``, a stall's ``GET /stacks``): a short-lived pool of at
+  most ``restart_orders.ORDERS_AT_ONCE`` threads per call, gone when the call returns, each
+  request under one deadline of a few seconds. Per pass, not shared, on purpose: another
+  tenant's pods that answer slowly hold only their own job's pass, never the threads another
+  job's restart needs. Rare (a failure or a stall), so the threads' start costs nothing measurable.
 * ``ddpjob-leader-election``, one thread (``controller.leader``): a Lease round every retry
   period, apart from the event loop and the pools, so that no busy pass delays a renewal.
 * kopf's own executor runs its one synchronous handler, ``handlers.startup``; every other
