@@ -206,9 +206,9 @@ def test_the_pods_first_line_is_the_mark_of_its_first_attempt(capsys, tmp_path, 
     monkeypatch.setattr(pod_entry.signal, "signal", lambda *a: None)
     env = {contract.DDPJOB_RESTART_ATTEMPT: "3", contract.DDPJOB_TERMINATION_LOG: str(tmp_path / "t")}
     assert pod_entry.run(["--rendezvous-timeout-seconds", "0"], env) == int(contract.ExitCode.BAD_CONFIG)
-    first = capsys.readouterr().out.splitlines()[0]
+    first = capsys.readouterr().err.splitlines()[0]
     attempt, run = contract.parse_attempt_mark(first)
     assert attempt == 3 and re.fullmatch("[0-9a-f]{16}", run)
     assert run not in repr(env)
     assert pod_entry.run(["--rendezvous-timeout-seconds", "0"], env) == int(contract.ExitCode.BAD_CONFIG)
-    assert contract.parse_attempt_mark(capsys.readouterr().out.splitlines()[0])[1] != run  # random per start
+    assert contract.parse_attempt_mark(capsys.readouterr().err.splitlines()[0])[1] != run  # random per start

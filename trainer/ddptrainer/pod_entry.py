@@ -30,7 +30,7 @@ bounded by the rendezvous timeout); DDPJOB_INIT_GUARD=0 turns it off.
 3. A short summary goes to the termination-message file, for ``kubectl describe`` and for the
    operator's ``status.failedNode.message``.
 
-Each attempt starts with one line on stdout, ``ddptrain-pod: attempt N starts (run R)``
+Each attempt starts with one line on stderr, ``ddptrain-pod: attempt N starts (run R)``
 (``contract.attempt_mark``), the pod's first line included: ``ddpjob logs`` reads the attempts
 from them.
 """
@@ -275,8 +275,11 @@ def _log(message: str) -> None:
 
 def _mark_attempt(attempt: int, run: str) -> None:
     """The attempt's first line in the pod's log (docs/contract.md, "Attempt marks"). ``run`` is
-    this process's own secret: never in the environment its programs inherit."""
-    print(contract.attempt_mark(attempt, run), flush=True)
+    this process's own secret: never in the environment its programs inherit. On stderr, the
+    stream of every other line of ours: the runtime reads stdout and stderr apart and stamps
+    each line as it reads it, so a mark on stdout could be logged after the stderr line printed
+    just after it (seen on kind), and the pod's first line would not be the mark."""
+    print(contract.attempt_mark(attempt, run), file=sys.stderr, flush=True)
 
 
 def _worker_note(endings: Sequence[WorkerEnding], rank: Optional[int]) -> str:
