@@ -90,7 +90,11 @@ def test_logs_show_both_nodes_and_both_attempts(e2e, tmp_path):
     assert only.returncode == 0, only.stderr
     shown = only.stdout.splitlines()
     assert shown[0] == f"node-1 ==> attempt 0 (pod {name}-node-1)" and "node-1 | node 1 attempt 0 hello" in shown
-    assert not any("node-0" in line or "attempt 1" in line for line in shown), only.stdout
+    # Only node 1's attempt 0: no node-0 line, no attempt 1 header, none of attempt 1's own lines
+    # (attempt 0's last lines may name attempt 1: "restarting in place: attempt 1").
+    assert not any(line.startswith("node-0") or "==> attempt 1" in line or "node 1 attempt 1 " in line
+                   for line in shown), only.stdout
+    assert "node-1 | ddptrain-pod: restarting in place: attempt 1" in shown, only.stdout
 
     # A window of the log's end: its attempt comes from the log's first line, read apart.
     tail = ddpjob(e2e.cluster, "logs", name, "-n", e2e.namespace, "--rank", "0", "--tail", "3")
