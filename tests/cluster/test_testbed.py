@@ -9,6 +9,7 @@ import subprocess
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -502,34 +503,34 @@ def test_container_restart_policy_and_not_in_rules_override_the_pods(kubectl, na
 
 
 def test_restart_back_off_is_the_kubelets(cluster, kubectl, namespace, wait_for, pod_logs):
-    """The first restart is immediate, the second waits out a 10 s back-off
-    (CrashLoopBackOff meanwhile), as pkg/kubelet's crash-loop back-off does."""
+    """The first restart is immediate, the second waits out a 10 s back-off, as pkg/kubelet's
+    crash-loop back-off does (its start times, from the pod's own log, are the evidence). The
+    node agent shows CrashLoopBackOff meanwhile. A real kubelet may not: on kind, two runs of
+    this test (stop 26's CI and a full run of 2026-12-02) saw the API keep the first run's
+    terminated state through the whole back-off, the second run's exit and the waiting state
+    never written, while a third run saw CrashLoopBackOff; so kind is not held to it (nothing
+    of DDPJob's reads that reason)."""
     create_pod(kubectl, namespace, sequence_pod(
         "backoff", [42, 42, 0], container_policy="Never",
         rules=[restart_rule("Restart", "In", [42])]))
     seen: list = []
 
-    def container_status() -> dict:
+    def finished() -> Optional[dict]:
         pod = read_pod(cluster, namespace, "backoff") or {}
-        status = (pod.get("status", {}).get("containerStatuses") or [{}])[0]
-        if not seen or seen[-1] != status.get("state"):
-            seen.append(status.get("state"))
-        return status
+        state = ((pod.get("status", {}).get("containerStatuses") or [{}])[0]).get("state")
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        return pod if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
 
-    # A loaded node may take a while to schedule and start the pod: the back-off window is
-    # watched from the first restart on, through the API client (cheap enough for 0.2 s polls
-    # that cannot miss a 10 s window), and a timeout quotes every state seen.
-    wait_for(lambda: container_status().get("restartCount", 0) >= 1, 120,
-             "backoff restarted once", interval=0.2)
-    try:
-        wait_for(lambda: (container_status().get("state", {}).get("waiting") or {}).get(
-            "reason") == "CrashLoopBackOff", 60, "backoff waiting in CrashLoopBackOff",
-            interval=0.2)
-    except TimeoutError as error:
-        raise AssertionError(f"{error}; container states seen: {seen}") from None
-    done = wait_for_phase(kubectl, wait_for, namespace, "backoff", ["Succeeded", "Failed"], 90)
-    assert done["status"]["phase"] == "Succeeded"
-    assert done["status"]["containerStatuses"][0]["restartCount"] == 2
+    # Every state the API shows, through the API client every 0.2 s (a 10 s window cannot be
+    # missed), until the pod ends; a loaded node may take a while to start it.
+    done = wait_for(finished, 180, "backoff finished", interval=0.2)
+    backing_off = any((state or {}).get("waiting", {}).get("reason") == "CrashLoopBackOff" for state in seen)
+    print(f"CrashLoopBackOff seen: {backing_off}; states: {seen}")
+    if cluster.testbed is not None:
+        assert backing_off, seen
+    assert done["status"]["phase"] == "Succeeded", seen
+    assert done["status"]["containerStatuses"][0]["restartCount"] == 2, seen
     runs = [json.loads(line.split(" ", 1)[1])
             for line in pod_logs(namespace, "backoff").splitlines() if line.startswith("runs ")]
     starts = [run["start"] for run in runs[-1]]
