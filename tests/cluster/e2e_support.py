@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterable, Optional
 import pytest
 
 from ddpjob.api import names
+from tests.support.progress_jobs import HANGING_SCRIPT
+from tests.testbed import kind as kind_target
 from tests.testbed.operator_runner import operator_environment, render_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -539,6 +541,24 @@ def prepare_shared_dir(e2e: E2E, path: str) -> None:
         lambda: (e2e.pod(name) or {}).get("status", {}).get("phase") == "Succeeded",
         120, f"pod {name} to open up {path}")
     e2e.cluster.kubectl("delete", "pod", name, "-n", e2e.namespace, "--wait=false")
+
+
+def hanging_job(e2e: E2E, shared_host_dir: str, name: str, *, env: Iterable[dict] = (), **fields) -> dict:
+    """A 2-node DDPJob of tests/support/progress_jobs.HANGING_SCRIPT (its behaviour set by
+    ``env``: HANG, HANG_AT, FAIL_ON_ATTEMPT), handed over, with its checkpoint, through a host
+    folder every node mounts at /shared. Skips on kind without that folder."""
+    if not e2e.local and kind_target.shared_dir() is None:
+        pytest.skip("the script is handed over through a host folder every node mounts "
+                    "($DDPJOB_KIND_SHARED_DIR, set by scripts/e2e-kind.sh)")
+    prepare_shared_dir(e2e, shared_host_dir)
+    Path(shared_host_dir, "hang.py").write_text(textwrap.dedent(HANGING_SCRIPT))
+    return ddpjob_manifest(
+        name, e2e.image, args=["--script", "/shared/hang.py"],
+        env=[*ONE_THREAD_ENV, {"name": "CKPT", "value": "/shared/ckpt"}, *env],
+        volumeMounts=[{"name": "shared", "mountPath": "/shared"}],
+        template={"spec": {"volumes": [hostpath_volume("shared", shared_host_dir)],
+                           "terminationGracePeriodSeconds": 2}},
+        **fields)
 
 
 def gate_command(mount_path: str, timeout_seconds: int = 120) -> list[str]:

@@ -4,19 +4,15 @@ the next attempt resumes from the checkpoint."""
 from __future__ import annotations
 
 import json
-import textwrap
-from pathlib import Path
 
 import pytest
 
 from ddpjob import contract
 from ddpjob.api import names
-from tests.support.progress_jobs import HANGING_SCRIPT
-from tests.testbed import kind as kind_target
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
     ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
-    hostpath_volume, kill_training_worker, prepare_shared_dir, trainer_events,
+    hanging_job, hostpath_volume, kill_training_worker, prepare_shared_dir, trainer_events,
 )
 
 pytestmark = pytest.mark.cluster
@@ -138,20 +134,10 @@ def test_a_second_failure_before_the_in_place_attempt_trains_recreates_the_gang(
     """Attempt 0 stalls (rank 1 blocked in a collective): restarted in place. Attempt 1 fails
     before any progress report (rank 0 exits 1 before its rendezvous): a second failure during
     the in-place restart, so attempt 2 gets new pods, and resumes from the checkpoint."""
-    if not e2e.local and kind_target.shared_dir() is None:
-        pytest.skip("the script is handed over through a host folder every node mounts "
-                    "($DDPJOB_KIND_SHARED_DIR, set by scripts/e2e-kind.sh)")
-    prepare_shared_dir(e2e, shared_host_dir)
-    Path(shared_host_dir, "hang.py").write_text(textwrap.dedent(HANGING_SCRIPT))
     name = "in-place-twice"
-    e2e.create(ddpjob_manifest(
-        name, e2e.image, args=["--script", "/shared/hang.py"],
-        env=[*ONE_THREAD_ENV, {"name": "CKPT", "value": "/shared/ckpt"}, {"name": "HANG", "value": "step"},
-             {"name": "FAIL_ON_ATTEMPT", "value": "1"}],
-        volumeMounts=[{"name": "shared", "mountPath": "/shared"}],
-        template={"spec": {"volumes": [hostpath_volume("shared", shared_host_dir)],
-                           "terminationGracePeriodSeconds": 2}},
-        failurePolicy={"maxRestarts": 2, "progressTimeoutSeconds": 15}))
+    e2e.create(hanging_job(e2e, shared_host_dir, name,
+                           env=[{"name": "HANG", "value": "step"}, {"name": "FAIL_ON_ATTEMPT", "value": "1"}],
+                           failurePolicy={"maxRestarts": 2, "progressTimeoutSeconds": 15}))
     e2e.wait_for_phase(name, "Running", TRAINING_TIMEOUT)
     before = uids(e2e, name)
     status = e2e.wait_until_finished(name, TRAINING_TIMEOUT)

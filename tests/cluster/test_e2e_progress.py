@@ -3,18 +3,13 @@ completes from its checkpoint), and the operator's Prometheus metrics moving as 
 from __future__ import annotations
 
 import re
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.support.progress_jobs import HANGING_SCRIPT
-from tests.testbed import kind as kind_target
-
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
-    E2E, FINISHED, ONE_THREAD_ENV, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, hostpath_volume,
-    prepare_shared_dir, python_command, scrape, table_rows,
+    E2E, FINISHED, ONE_THREAD_ENV, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, hanging_job,
+    python_command, scrape, table_rows,
 )
 
 pytestmark = pytest.mark.cluster
@@ -67,20 +62,10 @@ def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
 
 def test_a_rank_blocked_in_a_collective_is_stalled_and_the_gang_completes_from_its_checkpoint(
         e2e, shared_host_dir):
-    if not e2e.local and kind_target.shared_dir() is None:
-        pytest.skip("the script is handed over through a host folder every node mounts "
-                    "($DDPJOB_KIND_SHARED_DIR, set by scripts/e2e-kind.sh)")
-    prepare_shared_dir(e2e, shared_host_dir)
-    Path(shared_host_dir, "hang.py").write_text(textwrap.dedent(HANGING_SCRIPT))
     name = "stall"
     before = scrape(e2e).get('ddpjob_gang_restarts_total{reason="Stalled"}', 0)
-    e2e.create(ddpjob_manifest(
-        name, e2e.image, args=["--script", "/shared/hang.py"],
-        env=[*ONE_THREAD_ENV, {"name": "CKPT", "value": "/shared/ckpt"}, {"name": "HANG", "value": "step"}],
-        volumeMounts=[{"name": "shared", "mountPath": "/shared"}],
-        template={"spec": {"volumes": [hostpath_volume("shared", shared_host_dir)],
-                           "terminationGracePeriodSeconds": 2}},
-        failurePolicy={"maxRestarts": 1, "progressTimeoutSeconds": 15}))
+    e2e.create(hanging_job(e2e, shared_host_dir, name, env=[{"name": "HANG", "value": "step"}],
+                           failurePolicy={"maxRestarts": 1, "progressTimeoutSeconds": 15}))
     e2e.wait_for_phase(name, "Running", TIMEOUT)
     pods_before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in e2e.pods(name)}
     status = e2e.wait_until_finished(name, TIMEOUT)
