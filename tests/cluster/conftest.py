@@ -276,6 +276,29 @@ def pytest_runtest_makereport(item: pytest.Item, call):
             "ddpjob test bed",
             f"component logs: {run_dir / 'logs'}\npod logs: {run_dir / 'pods'}",
         ))
+    if report.failed:
+        excerpt = _operator_log_excerpt(item)
+        if excerpt:
+            report.sections.append(("operator log (this test's namespace, and errors)", excerpt))
+
+
+_OPERATOR_LOG_LINES = 80  # CI keeps only a few thousand lines of output: enough to see the story
+
+
+def _operator_log_excerpt(item: pytest.Item) -> str:
+    """The operator's log lines about the failed test's namespace, with the errors
+    that name no object (an Event kopf could not post), the last _OPERATOR_LOG_LINES of them.
+    On kind the operator's log goes with its cluster, so a CI failure shows only this."""
+    handle, namespace = item.funcargs.get("operator_session"), item.funcargs.get("namespace")
+    if handle is None or not namespace:
+        return ""
+    try:
+        text = handle.logs()
+    except Exception as error:  # noqa: BLE001 - a report must not fail the report
+        return f"(the operator's log could not be read: {error})"
+    wanted = [line for line in text.splitlines()
+              if namespace in line or re.search(r"\b(ERROR|CRITICAL|Traceback|Failed to post)\b", line)]
+    return "\n".join(wanted[-_OPERATOR_LOG_LINES:])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001

@@ -256,6 +256,10 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
     kubectl("patch", "ddpjob", "columns", "-n", namespace, "--subresource=status", "--type=merge",
             "-p", json.dumps({"status": {"phase": "Running", "ready": "1/2", "restarts": 1,
                                          "reason": "ColumnsTest",
+                                         "failureHistory": [{"attempt": 0, "nodeRank": 1, "reason": "Error",
+                                                             "restartMode": "InPlace",
+                                                             "time": "2026-01-01T00:00:00Z"}],
+                                         "goodput": {"lastRestartSeconds": 4.5},
                                          "progress": {"summary": "42/100 (42%)", "eta": "1m20s", "step": 42,
                                                       "epoch": 2, "loss": 0.5, "throughput": 80.5}}}))
 
@@ -263,13 +267,13 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
     assert header == ["NAME", "PHASE", "READY", "RESTARTS", "DISRUPTIONS", "PROGRESS", "ETA", "QUEUE", "AGE"]
     wide = kubectl("get", "ddpj", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split() == ["NAME", "PHASE", "READY", "RESTARTS", "DISRUPTIONS", "PROGRESS", "ETA", "EPOCH", "LOSS",
-                               "THROUGHPUT", "GOODPUT", "REASON", "QUEUE", "AGE"]
+                               "THROUGHPUT", "GOODPUT", "REASON", "LAST-RESTART", "RESTART-TIME", "QUEUE", "AGE"]
     assert wide[1].split()[0] == "columns"
 
     table = _table(cluster.api_client, namespace)
     columns = [c["name"] for c in table["columnDefinitions"]]
     assert columns == ["Name", "Phase", "Ready", "Restarts", "Disruptions", "Progress", "ETA", "Epoch", "Loss", "Throughput",
-                       "Goodput", "Reason", "Queue", "Age"]
+                       "Goodput", "Reason", "Last-Restart", "Restart-Time", "Queue", "Age"]
     [row] = table["rows"]
     cells = dict(zip(columns, row["cells"]))
     status = row["object"].get("status", {})
@@ -280,6 +284,9 @@ def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_
     assert progress.get("summary") == "42/100 (42%)"  # kept, whoever wrote the status last
     assert (cells["Progress"], cells["Epoch"], cells["Loss"], cells["Throughput"]) == (
         "42/100 (42%)", 2, 0.5, 80.5)
+    history = status.get("failureHistory") or [{}]
+    assert (cells["Last-Restart"], cells["Restart-Time"]) == (
+        history[0].get("restartMode"), (status.get("goodput") or {}).get("lastRestartSeconds"))
     assert (cells["ETA"] or "") == progress.get("eta", "")  # the operator clears it unless Running
     assert cells["Phase"] in ("Running", "Suspended")  # ours, or the operator's if it runs
     assert re.fullmatch(r"\d+[smhd]", cells["Age"]), cells["Age"]

@@ -75,6 +75,12 @@ def test_crash_and_resume_equals_straight_run(mp, tmp_path, trainer_env):
     events = _json_lines(again.stdout)
     assert events[0]["event"] == "start" and events[0]["step"] == 4
     assert events[0]["world_size"] == 2
+    # Where the resumed start-up went (startup.py): every phase, none negative, the import
+    # (torch's) more than nothing.
+    phases = {k: v for k, v in events[0].items() if k.startswith("startup_")}
+    assert set(phases) == {"startup_import_s", "startup_rendezvous_s", "startup_data_s",
+                           "startup_model_and_resume_s"}, events[0]
+    assert all(v >= 0 for v in phases.values()) and phases["startup_import_s"] > 0, phases
     steps = [e["step"] for e in events if e["event"] == "progress"]
     assert steps[0] == 6 and steps[-1] == 8  # the step count continues from the checkpoint
     assert events[-1]["event"] == "done" and events[-1]["step"] == 8

@@ -93,6 +93,8 @@ def test_printer_columns_read_status_fields_not_conditions():
                        ("ETA", ".status.progress.eta", 0), ("Epoch", ".status.progress.epoch", 1),
                        ("Loss", ".status.progress.loss", 1), ("Throughput", ".status.progress.throughput", 1),
                        ("Goodput", ".status.goodput.percent", 1), ("Reason", ".status.reason", 1),
+                       ("Last-Restart", ".status.failureHistory[0].restartMode", 1),
+                       ("Restart-Time", ".status.goodput.lastRestartSeconds", 1),
                        ("Queue", ".metadata.labels.kueue\\.x-k8s\\.io/queue-name", 0),
                        ("Age", ".metadata.creationTimestamp", 0)]
 

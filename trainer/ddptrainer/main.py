@@ -22,6 +22,7 @@ from .errors import (ConfigError, DataMissingError, DiskFullError, PeerLostError
                      TrainerError, is_collective_failure)
 from .preemption import StopRequest
 from .progress import Progress
+from .startup import StartupTimes
 from .text import env_int, first_line
 from .train import Trainer, TrainResult
 
@@ -36,6 +37,7 @@ _process_group_started = False
 
 def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
     """Train; return the exit code. Never raises (except SystemExit for --help)."""
+    startup = StartupTimes()  # the start line says where the start-up went (startup.py)
     env = os.environ if environ is None else environ
     rank = env_int(env, contract.RANK, invalid=None)
     local_rank = env_int(env, contract.LOCAL_RANK, invalid=None)
@@ -46,15 +48,19 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
     try:
         config = parse_config(argv, env)
         ctx = setup(config, env)
+        startup.mark("rendezvous")
         rank, local_rank = ctx.rank, ctx.local_rank
         if ctx.distributed:
             global _process_group_started
             _process_group_started = True
         progress = Progress(ctx.is_main, config.log_format)
         data = build_dataset(config, ctx)
+        startup.mark("data")
         # Nothing here outlives run(): process groups (in ctx, in DDP) kept alive past
         # destroy_process_group() until interpreter exit can make gloo abort the process.
-        result = Trainer(config, ctx, data, progress, stop).run()
+        trainer = Trainer(config, ctx, data, progress, stop)
+        startup.mark("model_and_resume")
+        result = trainer.run(startup=startup.fields())
         text = _report_done(progress, result, ctx.world_size)
     except Preempted as e:
         code, text = e.exit_code, f"preempted: {e.message}"

@@ -221,7 +221,9 @@ class Trainer:
         report_progress(self.step, self.total_steps, epoch=self.epoch + 1, epochs=self.config.epochs,
                         loss=self.last_loss, throughput=self.last_throughput, force=force)
 
-    def run(self) -> TrainResult:
+    def run(self, startup: Optional[dict[str, float]] = None) -> TrainResult:
+        """Train to the end (or a stop); ``startup``: the start-up phases' seconds, for the
+        start line (startup.py)."""
         c, ctx = self.config, self.ctx
         started = time.perf_counter()
         self.progress.start(
@@ -229,7 +231,7 @@ class Trainer:
             model=c.model, dataset=c.dataset, batch_size=c.batch_size,
             global_batch_size=c.batch_size * ctx.world_size,
             precision="bf16" if self.bf16 else "fp32", step=self.step,
-            total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch)
+            total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch, **(startup or {}))
         for note in self.notes:
             self.progress.note(note)
         if self.resumed_from:

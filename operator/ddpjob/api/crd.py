@@ -33,6 +33,12 @@ def printer_columns() -> list[dict]:
         {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.percent", "priority": 1,
          "description": "share of the wall time spent training (status.goodput)"},
         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+        # How the last restart was done and what it cost (issue 22): an in-place restart shows as
+        # InPlace and seconds, a recreated gang as Recreate and (usually) more of them.
+        {"name": "Last-Restart", "type": "string", "jsonPath": ".status.failureHistory[0].restartMode",
+         "priority": 1, "description": "how the last gang restart was done: InPlace or Recreate"},
+        {"name": "Restart-Time", "type": "number", "jsonPath": ".status.goodput.lastRestartSeconds",
+         "priority": 1, "description": "seconds from the last failure to the next attempt's first progress report"},
         # The Kueue LocalQueue a job is queued through (docs/kueue.md): in the plain view, so that
         # a Queued job says where it waits; empty for a job without one.
         {"name": "Queue", "type": "string", "jsonPath": ".metadata.labels.kueue\\.x-k8s\\.io/queue-name",
