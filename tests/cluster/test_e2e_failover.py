@@ -97,6 +97,15 @@ def test_the_standby_takes_over_mid_restart_and_nothing_is_lost_or_done_twice(
         restarting = [e for e in e2e.events(name) if e["reason"] == "Restarting"]
         assert len(restarting) <= 1 and all(e.get("count", 1) == 1 for e in restarting), restarting
         assert "became the leader" in standby.logs()
+        # The new leader's own Events reach the job it took over: it creates attempt 1, which
+        # succeeds, and says both (a new leader's workers once posted nothing: workqueue.py).
+        def new_leader_events():
+            events = e2e.events(name)
+            created = [e for e in events if e["reason"] == "Created" and "(attempt 1)" in e.get("message", "")]
+            succeeded = [e for e in events if e["reason"] == "Succeeded"]
+            return (created, succeeded) if created and succeeded else None
+        wait_for(new_leader_events, 30, "the new leader's Events: Created (attempt 1) and Succeeded")
+        assert "an Event was not posted" not in standby.logs(), standby.logs()[-3000:]
     finally:
         # Back to one leading session operator for the tests after this one: the killed one
         # comes back as the standby, then the standby stops and releases the Lease to it.

@@ -47,6 +47,7 @@ from ddpjob.controller.settings import load_settings
 from ddpjob.controller.workqueue import JobKey, Runtime
 
 POD_FILTER = {names.LABEL_JOB_NAME: kopf.PRESENT}
+logger = logging.getLogger("ddpjob.operator")
 
 
 class _QuietWatchHandlers(logging.Filter):
@@ -95,11 +96,13 @@ def configure_kopf(settings: kopf.OperatorSettings, registry: Optional[kopf.Oper
 
 
 def _kopf_event(body: Mapping[str, Any], event: Event) -> None:
-    """Post an Event on the DDPJob through kopf's queue (callable from the reconcile threads)."""
+    """Post an Event on the DDPJob through kopf's queue (callable from the reconcile threads, in
+    the context of the operator's startup: Runtime.task_context)."""
     try:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-    except LookupError:  # kopf's event queue exists only inside a running operator
-        pass
+    except LookupError:  # kopf's contextvars are not set here: said, never silently dropped
+        logger.warning("an Event was not posted (no kopf event queue in this context): %s: %s",
+                       event.reason, event.message)
 
 
 RUNTIME = Runtime()

@@ -90,7 +90,11 @@ class JobWorker:
         self.poll_task: Optional[asyncio.Task] = None  # the job's progress poll, at most one
         self.wakeup = asyncio.Event()
         self.wakeup.set()  # the first pass runs at once
-        self.task = asyncio.create_task(self._run(), name=f"ddpjob {self.key[0]}/{self.key[1]}")
+        # In the operator's own context (Runtime.context), whoever creates the worker: a new
+        # leader creates them from a callback of the election's thread, whose context lacks
+        # kopf's, and every Event of those jobs was lost (kopf.event needs its contextvars).
+        self.task = asyncio.create_task(self._run(), name=f"ddpjob {self.key[0]}/{self.key[1]}",
+                                        context=runtime.task_context())
 
     def update(self, body: Mapping[str, Any]) -> None:
         """A new version of the DDPJob. Only a spec change (generation), a label change (the
@@ -233,6 +237,10 @@ class Runtime:
         self._election_stop = threading.Event()
         self._election_thread: Optional[threading.Thread] = None
         self._stopping: set[asyncio.Task] = set()  # asyncio keeps only weak references to tasks
+        # The context of the last observe(): a kopf event handler's, where kopf's contextvars
+        # (its Event queue and loop, set only for the object handlers, and its settings) are
+        # set. Every worker runs in a copy of it (task_context).
+        self.context: Optional[contextvars.Context] = None
         self.pod_views: dict[str, tuple[JobKey, PodView]] = {}  # pod uid -> what a pass last could see of it
 
     def start(self, settings: OperatorSettings, connect: Callable[[OperatorSettings], Kube],
@@ -264,6 +272,10 @@ class Runtime:
         self.identity = getattr(self.elector, "identity", "")
         self.kube.fence = self.may_act
         metrics.LEADER.set(0)
+
+    def task_context(self) -> contextvars.Context:
+        """A copy of the last observe()'s context (else the current one) for a worker's task."""
+        return (self.context or contextvars.copy_context()).copy()
 
     async def start_election(self) -> None:
         """The first round now (a free Lease is this replica's before kopf's watches start, so
@@ -321,6 +333,7 @@ class Runtime:
                 workloads: Optional[Mapping[JobKey, Any]] = None,
                 services: Optional[Mapping[JobKey, Any]] = None) -> None:
         key, uid = job_key(body), (body.get("metadata") or {}).get("uid")
+        self.context = contextvars.copy_context()  # kopf's, for the workers (cheap: a mapping's root)
         if event_type == "DELETED":
             self.known.pop(key, None)
         else:
