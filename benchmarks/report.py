@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
 BENCHMARKS = ["operator_start_latency", "operator_gang_size", "operator_many_jobs", "operator_api_cost",
-              "operator_progress_cost", "operator_recovery", "operator_failover", "peers", "trainer_scaling",
+              "operator_progress_cost", "operator_recovery", "restart_modes", "operator_failover", "peers", "trainer_scaling",
               "trainer_vs_plain", "trainer_flops"]
 BLOCK = re.compile(r"(<!-- report: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
