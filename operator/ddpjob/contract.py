@@ -152,6 +152,9 @@ DDPJOB_PERMANENT_EXIT_CODES = "DDPJOB_PERMANENT_EXIT_CODES"
 #: Not set by the operator (every pod serves on the same port): node 0's progress port, where
 #: the other nodes ask which attempt it runs, when several nodes share one machine (tests).
 DDPJOB_MASTER_PROGRESS_PORT = "DDPJOB_MASTER_PROGRESS_PORT"
+#: Not set by the operator (yours to set in the template): ``0`` turns off the warm start of an
+#: in-place restart's workers (forked from a process that imported torch: ddptrainer/warm_start.py).
+DDPJOB_WARM_START = "DDPJOB_WARM_START"
 
 RESTART_MODE_IN_PLACE = "InPlace"
 RESTART_MODE_RECREATE = "Recreate"
@@ -225,11 +228,15 @@ class EntryState:
     """The failed attempt's exit code (the node's, as its termination message says)."""
     message: str = ""
     seconds_since_failure: Optional[float] = None
+    reported: bool = False
+    """Whether the attempt's workers wrote a progress report before they failed: the operator's
+    own poll of ``/progress`` may have missed a short attempt that did train, and an attempt
+    restarted in place that failed before any report gets new pods (controller/decide.py)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "state": self.state, "exitCode": self.exit_code,
                 "message": self.message[:MAX_ENTRY_MESSAGE_CHARS],
-                "secondsSinceFailure": self.seconds_since_failure}
+                "secondsSinceFailure": self.seconds_since_failure, "reported": self.reported}
 
 
 def _plain_int(value: Any, low: int, high: int) -> Optional[int]:
@@ -248,8 +255,8 @@ def parse_entry_state(body: bytes) -> Optional[EntryState]:
 
     The body comes from a pod, untrusted: it is bounded (``MAX_ENTRY_ANSWER_BYTES``), must be a
     JSON object of the protocol's types (a bool is not an int, NaN and Infinity are refused,
-    numbers are bounded), a ``failed`` state must carry its exit code, and the message is cut
-    to ``MAX_ENTRY_MESSAGE_CHARS``."""
+    numbers are bounded), a ``failed`` state must carry its exit code, ``reported`` is a bool
+    (absent: False), and the message is cut to ``MAX_ENTRY_MESSAGE_CHARS``."""
     if not isinstance(body, (bytes, bytearray)) or len(body) > MAX_ENTRY_ANSWER_BYTES:
         return None
     try:
@@ -281,8 +288,12 @@ def parse_entry_state(body: bytes) -> Optional[EntryState]:
             return None
         if not (math.isfinite(seconds) and 0.0 <= seconds <= MAX_SECONDS_SINCE_FAILURE):
             return None
+    reported = data.get("reported", False)  # absent: an entry point from before the field
+    if not isinstance(reported, bool):
+        return None
     return EntryState(attempt=attempt, state=state, exit_code=exit_code,
-                      message=message[:MAX_ENTRY_MESSAGE_CHARS], seconds_since_failure=seconds)
+                      message=message[:MAX_ENTRY_MESSAGE_CHARS], seconds_since_failure=seconds,
+                      reported=reported)
 
 
 def parse_stacks(body: bytes) -> Optional[dict[str, str]]:

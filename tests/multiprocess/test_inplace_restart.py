@@ -25,11 +25,14 @@ TOKEN = "inplace-test-token-0123456789abcdef"
 # after the checkpoint of step 4 and before the end; each worker leaves its pid behind.
 SLOW_FIRST_ATTEMPT = textwrap.dedent('''
     import os, sys, time
+    warm = "torch" in sys.modules  # forked from the warm process: torch is imported already
     from ddptrainer import main, train
 
     attempt = os.environ["DDPJOB_RESTART_ATTEMPT"]
     with open(os.path.join(os.environ["PID_DIR"], f"rank-{os.environ['RANK']}-attempt-{attempt}.pid"), "w") as f:
         f.write(str(os.getpid()))
+    with open(os.path.join(os.environ["PID_DIR"], f"rank-{os.environ['RANK']}-attempt-{attempt}.warm"), "w") as f:
+        f.write(str(warm))
     if attempt == "0":
         original = train.Trainer._run_batch
 
@@ -145,6 +148,9 @@ def test_a_killed_worker_is_restarted_in_place_and_resumes(mp, tmp_path, trainer
         failed = _wait_for_state(ports[1], procs[1], lambda s: s.state == "failed", 30, "failed")
         assert failed.attempt == 0 and failed.exit_code == 137, failed
         assert "worker rank 1 exited 137" in failed.message
+        # it had trained (reported progress): the operator then restarts it in place again
+        # even if its own poll of /progress missed the attempt
+        assert failed.reported is True, failed
         status, raw = _get(ports[1], contract.READY_PATH)
         assert status == 503 and contract.parse_entry_state(raw).exit_code == 137
         assert "exit 137" in (tmp_path / "term-1").read_text()  # written while it waits
@@ -177,6 +183,10 @@ def test_a_killed_worker_is_restarted_in_place_and_resumes(mp, tmp_path, trainer
         # the same entry point (not a new process) ran both attempts
         assert (pids / f"rank-{rank}-attempt-0.pid").exists()
         assert (pids / f"rank-{rank}-attempt-1.pid").exists()
+        # attempt 0 started cold; attempt 1's workers were forked from the warm process
+        assert (pids / f"rank-{rank}-attempt-0.warm").read_text() == "False"
+        assert (pids / f"rank-{rank}-attempt-1.warm").read_text() == "True", out[rank][-3000:]
+        assert "workers start from the warm process" in out[rank]
     starts = [e for e in _json_events(out[0]) if e.get("event") == "start"]
     assert [s["step"] for s in starts] == [0, 4], starts  # attempt 1 resumed from step 4
     done = [e for e in _json_events(out[0]) if e.get("event") == "done"]
@@ -196,6 +206,7 @@ def test_no_order_in_time_exits_with_the_failures_code(mp, tmp_path, trainer_env
         failed = _wait_for_state(port, proc, lambda s: s.state == "failed", 40, "failed")
         since = time.monotonic()
         assert failed.exit_code == 137
+        assert failed.reported is False  # it died before any progress report
         assert _get(port, contract.READY_PATH)[0] == 503
         code = proc.wait(timeout=20)
         waited = time.monotonic() - since

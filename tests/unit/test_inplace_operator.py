@@ -312,6 +312,24 @@ def test_an_in_place_attempt_that_reported_restarts_in_place_again():
     assert second.restart_in_place == tuple(restarted) and second.status.restartAttempt == 2
 
 
+def test_an_in_place_attempt_whose_entry_point_saw_reports_restarts_in_place_again():
+    """Attempt 1 trained for a few seconds, between two polls of /progress (the status still
+    shows attempt 0's progress): the failed entry point says its workers had reported, so it is
+    no attempt that failed before training, and attempt 2 runs in the same pods."""
+    job, ordered, restarted = _reported_then_restarted_in_place()
+    assert ordered.progress is not None and ordered.progress.attempt == 0
+    trained = EntryState(1, contract.ENTRY_FAILED, 137, "killed", reported=True)
+    second = decide(job, ordered, restarted, at(5), entry_states={restarted[1].uid: trained})
+    assert second.restart_in_place == tuple(restarted) and second.status.restartAttempt == 2
+    assert second.status.failureHistory[0].restartMode == "InPlace"
+    # The vouching is for the attempt that failed only: a stale answer of attempt 0 is not.
+    stale = EntryState(0, contract.ENTRY_FAILED, 137, "killed", reported=True)
+    silent = EntryState(1, contract.ENTRY_FAILED, 137, "killed")
+    third = decide(job, ordered, restarted, at(5),
+                   entry_states={restarted[0].uid: stale, restarted[1].uid: silent})
+    assert third.restart_in_place == () and third.status.failureHistory[0].restartMode == "Recreate"
+
+
 def test_an_in_place_attempt_silent_past_the_startup_bound_is_recreated():
     """The pods of an in-place attempt run from the order on, so the startup clock cannot fire:
     the bound is the attempt's first progress report within startupTimeoutSeconds of the order

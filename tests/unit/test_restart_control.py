@@ -43,6 +43,8 @@ def test_a_well_formed_answer_is_read():
 def test_the_answer_round_trips_through_to_json():
     state = EntryState(2, "stopping", 13, "peer lost", 0.25)
     assert parse_entry_state(json.dumps(state.to_json()).encode()) == state
+    trained = EntryState(2, "failed", 137, "killed", 0.25, reported=True)
+    assert parse_entry_state(json.dumps(trained.to_json()).encode()) == trained
 
 
 def test_a_long_message_is_cut_to_the_bound():
@@ -79,6 +81,9 @@ def test_a_long_message_is_cut_to_the_bound():
     b'{"attempt": 1, "state": "failed", "exitCode": 1, "secondsSinceFailure": Infinity}',
     b'{"attempt": 1, "state": "failed", "exitCode": 1, "secondsSinceFailure": 1e999}',
     b'{"attempt": 1, "state": "failed", "exitCode": 1, "secondsSinceFailure": 1' + b"0" * 400 + b"}",
+    body(attempt=1, state="failed", exitCode=1, reported=1),     # a bool, not a truthy value
+    body(attempt=1, state="failed", exitCode=1, reported="yes"),
+    body(attempt=1, state="failed", exitCode=1, reported=None),
 ])
 def test_anything_malformed_is_none_and_never_raises(raw):
     assert parse_entry_state(raw) is None
@@ -114,6 +119,31 @@ def test_a_failure_then_an_order_starts_the_next_attempt():
     assert stops == []  # no workers ran: nothing to stop
     control.begin(1)
     assert control.snapshot() == EntryState(1, "running")
+
+
+def test_a_failure_says_whether_the_attempts_workers_had_reported(tmp_path):
+    """The progress folder holds the attempt's reports (it is emptied before each attempt): one
+    is enough for the entry point to vouch, on /attempt, that the attempt trained; the next
+    attempt starts unvouched."""
+    from ddptrainer.restart_control import clear_progress, progress_reported
+    folder = tmp_path / "progress"
+    assert not progress_reported(str(folder)) and not progress_reported(None)  # no folder yet
+    folder.mkdir()
+    (folder / "rank-0.json.123.tmp").write_text("{")  # a write under way is no report
+    assert not progress_reported(str(folder))
+    assert report.report_progress(3, 10, rank=1, force=True,
+                                  environ={contract.DDPJOB_PROGRESS_DIR: str(folder)})
+    assert progress_reported(str(folder))
+    control = EntryControl(0, TOKEN, clock=Clock())
+    control.fail(137, "killed", reported=progress_reported(str(folder)))
+    assert control.snapshot().reported is True
+    assert json.loads(json.dumps(control.snapshot().to_json()))["reported"] is True
+    control.order(1)
+    clear_progress(str(folder))
+    control.begin(1)
+    assert control.snapshot().reported is False and not progress_reported(str(folder))
+    control.fail(1, "boom", reported=progress_reported(str(folder)))
+    assert control.snapshot().reported is False
 
 
 def test_an_order_while_the_workers_run_stops_them_and_is_claimed_once():
@@ -376,3 +406,39 @@ def test_the_progress_answer_names_the_attempt_its_reports_come_from(tmp_path, m
     # Without a control (Recreate mode: one attempt per pod) the answer names none.
     monkeypatch.setattr(contract, "read_progress_reports", real_read)
     assert report.progress_answer(str(tmp_path)) == {"ranks": real_read(str(tmp_path))}
+
+
+SPARE_TREE = r'''
+import os, subprocess, sys, time
+from ddptrainer.restart_control import kill_descendants
+spared = subprocess.Popen([sys.executable, "-c",
+                           "import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); "
+                           "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+below_spared = int(spared.stdout.readline())
+other = subprocess.Popen(["sleep", "60"])
+kill_descendants(spare={spared.pid})
+time.sleep(0.5)
+def state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+print(state(spared.pid), state(below_spared), other.poll())
+spared.kill()
+'''
+
+
+def test_a_stop_that_kills_what_is_left_spares_the_warm_process_not_its_workers():
+    """The warm process outlives an attempt (its workers below it do not)."""
+    import subprocess
+    import sys
+
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(os.path.join(root, p) for p in ("operator", "trainer"))}
+    out = subprocess.run([sys.executable, "-c", SPARE_TREE], capture_output=True, text=True, timeout=60,
+                         env=env, check=True).stdout.split()
+    spared, below, other = out
+    assert spared in ("S", "R") and below in ("Z", "gone") and other == str(-9)

@@ -44,19 +44,21 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob.contract import ExitCode
 
-from . import init_guard, report, summary
+from . import init_guard, report, summary, warm_start
 from .rendezvous_wait import MasterUnreachable, wait_for_master, wait_for_master_attempt
-from .restart_control import (EntryControl, RestartSettings, clear_progress, read_restart_settings,
-                              stopper)
+from .restart_control import (EntryControl, RestartSettings, clear_progress, progress_reported,
+                              read_restart_settings, stopper)
 from .summary import WorkerEnding
 from .text import BadInteger, env_int, first_line
+from .warm_start import WarmStart
 
 PROG = "ddptrain-pod"
+WARM_START_WAIT_SECONDS = 30.0
 DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS = 600
 TRAINER_MODULE = "ddptrainer.main"
 
@@ -190,14 +192,19 @@ def _master_progress_port(env: Mapping[str, str]) -> int:
     return env_int(env, contract.DDPJOB_MASTER_PROGRESS_PORT, port, invalid=port) or port
 
 
-def torchrun_argv(pod: PodArgs, node: NodeEnv, environ: Mapping[str, str]) -> list[str]:
-    """torchrun's own argv: PET_* come from the environment, we add only the rendezvous bound."""
+def torchrun_argv(pod: PodArgs, node: NodeEnv, environ: Mapping[str, str],
+                  warm: Optional[WarmStart] = None) -> list[str]:
+    """torchrun's own argv: PET_* come from the environment, we add only the rendezvous bound;
+    with ``warm``, each worker starts through the pod's warm process (ddptrainer/warm_start.py)."""
     argv: list[str] = []
     static = (environ.get("PET_RDZV_BACKEND") or "static") == "static"
     if node.master_addr and static and not environ.get("PET_RDZV_CONF"):
         # The static rendezvous waits 600 s by default for every node's agent; bound it too.
         argv += ["--rdzv-conf", f"timeout={node.rendezvous_timeout_seconds}"]
-    return argv + worker_argv(pod, local_rank=TORCHRUN_LOCAL_RANK)
+    worker = worker_argv(pod, local_rank=TORCHRUN_LOCAL_RANK)
+    if warm is not None:
+        return argv + ["--no-python", *warm.worker_command(worker)]
+    return argv + worker
 
 
 # torchrun substitutes this in every worker's arguments (torch.distributed.elastic's macros):
@@ -360,7 +367,8 @@ def _write_termination(pod: Optional[PodArgs], node_rank: int, env: Mapping[str,
 
 
 def _run_attempt(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
-                 control: Optional[EntryControl], attempt: int = 0) -> tuple[int, str]:
+                 control: Optional[EntryControl], attempt: int = 0,
+                 warm: Optional[WarmStart] = None) -> tuple[int, str]:
     """One attempt: wait for the master (nodes other than 0), run the workers, read their end."""
     summary_dir = _summary_dir()
     try:
@@ -382,7 +390,7 @@ def _run_attempt(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
         if pod.launcher == contract.LAUNCHER_SPAWN:
             code, message = _run_once(pod, node, summary_dir, control)
         else:
-            code, message = _run_torchrun(pod, node, env, summary_dir, control)
+            code, message = _run_torchrun(pod, node, env, summary_dir, control, warm)
         return _guard_verdict(code, message, summary_dir)
     finally:
         if control is not None:
@@ -449,13 +457,39 @@ def _run_attempts(pod: PodArgs, node: NodeEnv, env: Mapping[str, str], control: 
 
     attempt = restart.first_attempt
     os.environ[contract.DDPJOB_RESTART_ATTEMPT] = str(attempt)
+    warm = _warm_start(pod, env, control, restart)
+    try:
+        return _attempts(pod, node, env, control, restart, run_mark, attempt, on_signal, warm)
+    finally:
+        if warm is not None:
+            warm.stop()
+
+
+def _warm_start(pod: PodArgs, env: Mapping[str, str], control: EntryControl,
+                restart: RestartSettings) -> Optional[WarmStart]:
+    """The pod's warm process for the next attempts' workers (ddptrainer/warm_start.py), unless
+    it is off or the launcher starts its processes itself (spawn); it starts once the first
+    attempt's workers report progress."""
+    if not warm_start.enabled(env) or pod.launcher == contract.LAUNCHER_SPAWN:
+        return None
+    warm = WarmStart(env, _log)
+    control.stop_workers = stopper(control, restart.grace_seconds, _log, spare=warm.pids)
+    warm.start_once_reporting(env.get(contract.DDPJOB_PROGRESS_DIR))
+    return warm
+
+
+def _attempts(pod: PodArgs, node: NodeEnv, env: Mapping[str, str], control: EntryControl,
+              restart: RestartSettings, run_mark: str, attempt: int,
+              on_signal: Callable[[int, Any], None], warm: Optional[WarmStart]) -> tuple[int, str]:
+    first = attempt
     while True:
         code, message = 0, ""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
         control.workers_active(True)
         try:
-            code, message = _run_attempt(pod, node, env, control, attempt)
+            code, message = _run_attempt(pod, node, env, control, attempt,
+                                         _warm_if_ready(warm) if attempt != first else None)
         except _RestartOrdered:
             pass
         except MasterUnreachable as e:
@@ -469,7 +503,9 @@ def _run_attempts(pod: PodArgs, node: NodeEnv, env: Mapping[str, str], control: 
         if control.ordered is None:
             if code == 0 or contract.is_permanent_exit(code, restart.permanent_codes):
                 return code, message
-            control.fail(code, message)
+            control.fail(code, message, reported=progress_reported(env.get(contract.DDPJOB_PROGRESS_DIR)))
+            if warm is not None:
+                warm.start()  # its import overlaps the wait for the order and the peers' stop
             _write_termination(pod, node.node_rank, env, code, message)
             _log(f"attempt {attempt} failed (exit {code}); waiting up to "
                  f"{restart.wait_seconds}s for a restart order")
@@ -487,6 +523,20 @@ def _run_attempts(pod: PodArgs, node: NodeEnv, env: Mapping[str, str], control: 
         control.begin(attempt)
         _log(f"restarting in place: attempt {attempt}")
         _mark_attempt(attempt, run_mark)
+
+
+def _warm_if_ready(warm: Optional[WarmStart]) -> Optional[WarmStart]:
+    """The warm process if it serves (an import under way is waited for, up to
+    WARM_START_WAIT_SECONDS: it is shorter than each worker importing), else None: the workers
+    start as usual."""
+    if warm is None:
+        return None
+    warm.start()  # the previous attempt ended before its workers reported or failed: now
+    if warm.ready(WARM_START_WAIT_SECONDS):
+        _log("workers start from the warm process (torch imported already)")
+        return warm
+    _log(f"the warm process does not serve within {WARM_START_WAIT_SECONDS:g}s: workers start as usual")
+    return None
 
 
 def _guard_verdict(code: int, message: str, summary_dir: Optional[str]) -> tuple[int, str]:
@@ -553,7 +603,8 @@ def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str],
 
 def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
                   summary_dir: Optional[str],
-                  control: Optional[EntryControl] = None) -> tuple[int, str]:
+                  control: Optional[EntryControl] = None,
+                  warm: Optional[WarmStart] = None) -> tuple[int, str]:
     # Imported late: waiting for the master should not pay for importing torch.
     import torch.distributed.run as torchrun
     from torch.distributed import DistError
@@ -565,7 +616,7 @@ def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
     def endings() -> list[WorkerEnding]:
         return summary.read_endings(summary_dir)
 
-    args = torchrun.parse_args(torchrun_argv(pod, node, env))
+    args = torchrun.parse_args(torchrun_argv(pod, node, env, warm))
     started = time.monotonic()
     try:
         torchrun.run(args)

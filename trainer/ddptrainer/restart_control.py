@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Collection, Mapping, Optional
 
 from ddpjob import contract
 from ddpjob.contract import EntryState
@@ -95,6 +95,7 @@ class EntryControl:
         self._exit_code: Optional[int] = None
         self._message = ""
         self._failed_at: Optional[float] = None
+        self._reported = False  # the failed attempt's workers had written a progress report
         self._ordered: Optional[int] = None  # the attempt being started
         self._active = False  # the workers of the attempt run (or start)
         self._ending = False  # the pod is ending (kubelet SIGTERM): no more restarts
@@ -109,7 +110,7 @@ class EntryControl:
             since = None if self._failed_at is None else round(self._clock() - self._failed_at, 3)
             return EntryState(attempt=self._attempt, state=self._state, exit_code=self._exit_code,
                               message=self._message[:contract.MAX_ENTRY_MESSAGE_CHARS],
-                              seconds_since_failure=since)
+                              seconds_since_failure=since, reported=self._reported)
 
     def authorized(self, authorization: Optional[str]) -> bool:
         """Whether an ``Authorization`` header carries this pod's token (constant time)."""
@@ -178,14 +179,17 @@ class EntryControl:
             self._attempt, self._state, self._ordered = attempt, contract.ENTRY_RUNNING, None
             self._begun = True
             self._exit_code, self._message, self._failed_at = None, "", None
+            self._reported = False
 
     def workers_active(self, active: bool) -> None:
         with self._lock:
             self._active = active
 
-    def fail(self, exit_code: int, message: str) -> None:
-        """The attempt's workers failed (retryably): wait for an order, say so on /ready."""
+    def fail(self, exit_code: int, message: str, *, reported: bool = False) -> None:
+        """The attempt's workers failed (retryably): wait for an order, say so on /ready.
+        ``reported``: whether they had written a progress report (``progress_reported``)."""
         with self._lock:
+            self._reported = reported
             self._active = False
             if self._ordered is None:
                 self._state = contract.ENTRY_FAILED
@@ -269,6 +273,18 @@ def answer_restart(control: EntryControl, headers: Mapping[str, str],
 
 
 # -------------------------------------------------------------------------- stopping workers
+def progress_reported(directory: Optional[str]) -> bool:
+    """Whether a worker of the attempt wrote a progress report (the folder is emptied before
+    each attempt, ``clear_progress``): one ``rank-*.json`` is enough, none is read."""
+    if not directory:
+        return False
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.startswith("rank-") and e.name.endswith(".json") for e in entries)
+    except OSError:
+        return False
+
+
 def clear_progress(directory: Optional[str]) -> None:
     """The previous attempt's reports would read as this attempt's (a hang, a wrong step)."""
     if not directory:
@@ -285,7 +301,8 @@ def clear_progress(directory: Optional[str]) -> None:
                 pass
 
 
-def stopper(control: EntryControl, grace_seconds: float, log: Log) -> Callable[[], None]:
+def stopper(control: EntryControl, grace_seconds: float, log: Log,
+            spare: Callable[[], Collection[int]] = tuple) -> Callable[[], None]:
     """What an order does to running workers: the SIGTERM the kubelet would send (torchrun
     forwards it, the trainer saves), to ourselves; what is left after the grace is killed."""
 
@@ -296,7 +313,7 @@ def stopper(control: EntryControl, grace_seconds: float, log: Log) -> Callable[[
         def grace_over() -> None:
             if control.active and control.snapshot().attempt == attempt:
                 log(f"the workers did not stop within {grace_seconds}s: killing them")
-                kill_descendants()
+                kill_descendants(spare())
 
         timer = threading.Timer(grace_seconds, grace_over)
         timer.daemon = True
@@ -305,9 +322,10 @@ def stopper(control: EntryControl, grace_seconds: float, log: Log) -> Callable[[
     return stop
 
 
-def kill_descendants() -> None:
-    """SIGKILL every process below this one (torchrun starts its workers in sessions of
-    their own, so a process group does not reach them)."""
+def kill_descendants(spare: Collection[int] = ()) -> None:
+    """SIGKILL every process below this one but ``spare`` (the warm process: its workers below
+    it go), as torchrun starts its workers in sessions of their own, so a process group does
+    not reach them."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -324,6 +342,8 @@ def kill_descendants() -> None:
             below.append(child)
             queue.append(child)
     for pid in below:
+        if pid in spare:
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -755,7 +755,10 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         wait = _consequence_wait(failures, waiting_for_cause)
         if wait is not None:
             return Plan(status=observed, delete=stray_deletes, requeue_after=wait)
-        return _on_failure(job, observed, pods, now, failures)
+        # An entry point that saw its workers' reports vouches that the attempt trained, where
+        # the operator's poll (every few seconds) may have missed a short attempt.
+        reported = any(e.reported and e.attempt == attempt for e in entry_states.values())
+        return _on_failure(job, observed, pods, now, failures, reported=reported)
     if succeeded == nnodes:
         done = with_phase(observed, SUCCEEDED, "AllNodesSucceeded", f"all {nnodes} node(s) succeeded", now)
         done = replace(done, completionTime=format_time(now), failedNode=None)
@@ -899,14 +902,16 @@ def _stack_pods(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], su
 
 
 def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
-                failures: list[NodeFailure], restart_reason: Optional[str] = None) -> Plan:
+                failures: list[NodeFailure], restart_reason: Optional[str] = None,
+                reported: bool = False) -> Plan:
+    """``reported``: an entry point of the failed attempt says its workers reported progress."""
     policy = job.spec.failurePolicy
     window = disruptions_within(status, now, policy.disruptionWindowSeconds)
     ruling = failure_policy.verdict(failures, restarts_done=status.restarts, policy=policy,
                                     recent_disruptions=len(window))
     first = ruling.cause
-    keep = _restartable_in_place(job, status, pods) if ruling.restart else ()
-    fallback = (ruling.restart and _in_place_failed_before_training(status)
+    keep = _restartable_in_place(job, status, pods, reported) if ruling.restart else ()
+    fallback = (ruling.restart and _in_place_failed_before_training(status, reported)
                 and spec.effective_restart_mode(job.spec) == contract.RESTART_MODE_IN_PLACE)
     mode = "" if not ruling.restart else (contract.RESTART_MODE_IN_PLACE if keep else contract.RESTART_MODE_RECREATE)
     # The culprit goes into the history whatever comes next (restart or failure).
@@ -954,12 +959,13 @@ def _started_in_place(status: JobStatus) -> bool:
             and last.attempt == status.restartAttempt - 1)
 
 
-def _in_place_failed_before_training(status: JobStatus) -> bool:
+def _in_place_failed_before_training(status: JobStatus, reported: bool = False) -> bool:
     """The attempt restarted in place failed before any of its ranks reported progress, where an
     earlier attempt did report (the program reports, so its silence is news). Whatever held it
     (a process SIGTERM did not end, a wedged device, a full /dev/shm) may still be in those pods:
-    the next attempt gets new ones."""
-    return (_started_in_place(status) and status.progress is not None
+    the next attempt gets new ones. ``reported``: an entry point of the attempt saw a report of
+    its workers that the operator's last poll (status.progress) had not yet seen."""
+    return (_started_in_place(status) and status.progress is not None and not reported
             and status.progress.attempt < status.restartAttempt)
 
 
@@ -990,14 +996,15 @@ def _in_place_start_overdue(job: spec.DDPJob, status: JobStatus,
     return progress_reports.Stall(message, tuple(range(world)), 0), None
 
 
-def _restartable_in_place(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView]) -> tuple[PodView, ...]:
+def _restartable_in_place(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView],
+                          reported: bool = False) -> tuple[PodView, ...]:
     """The pods of the failed attempt that can start the next one in place: running, with an
     entry point that takes orders, in the attempt's shape (a spec changed since is for new
     pods), and not on a node the next attempt avoids. None at all: the gang is recreated; so
     too after an in-place attempt that failed before its first progress report."""
     if (spec.effective_restart_mode(job.spec) != contract.RESTART_MODE_IN_PLACE
             or (status.podSpecHash and status.podSpecHash != spec.pod_spec_hash(job.spec))
-            or _in_place_failed_before_training(status)):
+            or _in_place_failed_before_training(status, reported)):
         return ()
     avoided = {n.nodeName for n in status.excludedNodes}
     keep: dict[int, PodView] = {}
