@@ -4,8 +4,11 @@ first training step, and where it goes.
     python -m benchmarks.restart_modes               # 10 restarts per mode (kind: make kind-up, or this starts it)
     python -m benchmarks.restart_modes --restarts 3 --modes InPlace
 
-A 2-node DDPJob per mode (failurePolicy.restartMode InPlace, then Recreate) runs the trainer
-image's real trainer (tiny-cnn on FakeData, gloo, one thread per rank, a checkpoint every 20
+A 2-node DDPJob per mode (failurePolicy.restartMode InPlace, then Recreate), then the same as
+a PyTorchJob of Kubeflow's training-operator v1.8.1 (a host process against the kind cluster, as
+benchmarks/peer_controllers.py sets it up; Master + Worker with restartPolicy OnFailure, so the
+kubelet restarts the failed container in its pod, under its crash-loop back-off; the command is
+torchrun on the variables it sets) runs the trainer image's real trainer (tiny-cnn on FakeData, gloo, one thread per rank, a checkpoint every 20
 steps on a hostPath folder both kind nodes share, `--log-every 1 --log-format json`). Each round
 SIGKILLs node 1's training process (exit 137, retryable), as the OOM killer would, from inside
 its pod, and reads node 0's log (rank 0 prints) for the next attempt. The milestones, all on
@@ -17,8 +20,12 @@ the host's clock (kind's nodes are containers on this machine):
   - its import (interpreter and torch), rendezvous, data set, model and checkpoint load done;
   - its first training step (its first progress line).
 `kill -> process started` is the stop of the old attempt (SIGTERM, the healthy ranks'
-checkpoint) plus the relaunch: in place the entry point starting new workers in the same pod; on
-Recreate the pods deleted, created, scheduled and a new container started.
+checkpoint) plus the relaunch: in place the entry point starting new workers in the same pod
+(from the second attempt on forked from its warm process, trainer/ddptrainer/warm_start.py, so
+the import phase is short); on Recreate the pods deleted, created, scheduled and a new container
+started; for the PyTorchJob the surviving rank noticing its lost peer and the kubelet restarting
+both containers. A restart that reaches no training step within --cap-seconds (180) is recorded
+as such and ends that mode's rounds.
 """
 from __future__ import annotations
 
@@ -50,6 +57,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("KIND_CLUSTER_NAME", "ddpjob")
 IMAGE = os.environ.get("DDPJOB_TRAINER_IMAGE", "localhost/ddpjob/trainer:0.1.0")
 CHECKPOINT_EVERY = 20
+PYTORCHJOB = "PyTorchJob"
+PEER_VERSION = "v1.8.1"
 STEPS = [("kill -> DDPJob Restarting", "restarting_s"),
          ("kill -> next attempt's process started", "process_started_s"),
          ("kill -> torch imported", "imported_s"),
@@ -82,7 +91,10 @@ class KindCluster:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--restarts", type=int, default=10, help="restarts per mode")
-    p.add_argument("--modes", default="InPlace,Recreate", help="failurePolicy.restartMode values, in order")
+    p.add_argument("--modes", default=f"InPlace,Recreate,{PYTORCHJOB}",
+                   help=f"failurePolicy.restartMode values and {PYTORCHJOB} (training-operator {PEER_VERSION}), in order")
+    p.add_argument("--cap-seconds", type=float, default=180.0,
+                   help="the longest wait for a restarted job's next training step; a mode's rounds end at the first one past it")
     p.add_argument("--smoke", action="store_true", help="1 restart per mode")
     p.add_argument("--results-dir", default=str(REPO_ROOT / "benchmarks" / "results"))
     return p
@@ -156,21 +168,34 @@ class PhaseWatch:
         self._thread.join(timeout=5)
 
 
-def node0_events(e2e: E2E, name: str) -> list[dict]:
-    pod = names.node_pod_name(name, 0)
-    return json_events(e2e.cluster.kubectl("logs", "-n", e2e.namespace, pod, "-c", names.CONTAINER_NAME,
+def pod_events(e2e: E2E, pod: str, container: str = names.CONTAINER_NAME) -> list[dict]:
+    return json_events(e2e.cluster.kubectl("logs", "-n", e2e.namespace, pod, "-c", container,
                                            check=False, timeout=60).stdout)
 
 
-def run_mode(e2e: E2E, mode: str, restarts: int, shared: Path) -> list[dict[str, Any]]:
+@dataclass
+class BenchJob:
+    """One job the rounds kill a rank of: where rank 0 logs, which pod is the victim, how it
+    restarted (``restart_mode``) and how to remove it."""
+
+    name: str
+    node0_pod: str
+    victim_pod: str
+    container: str
+    restart_mode: Any  # () -> str
+    delete: Any  # () -> None
+
+
+def training_args() -> list[str]:
+    return [*TINY_TRAINING_ARGS, "--fake-size=1000000", "--batch-size=16", "--epochs=1",
+            "--log-every=1", "--log-format=json", "--checkpoint-dir=/checkpoints",
+            f"--checkpoint-every={CHECKPOINT_EVERY}"]
+
+
+def ddpjob(e2e: E2E, mode: str, restarts: int, folder: Path) -> BenchJob:
     name = f"restart-{mode.lower()}"
-    folder = shared / f"{e2e.namespace}-{name}"
-    prepare_shared_dir(e2e, str(folder))
     manifest = ddpjob_manifest(
-        name, IMAGE, env=ONE_THREAD_ENV,
-        args=[*TINY_TRAINING_ARGS, "--fake-size=1000000", "--batch-size=16", "--epochs=1",
-              "--log-every=1", "--log-format=json", "--checkpoint-dir=/checkpoints",
-              f"--checkpoint-every={CHECKPOINT_EVERY}"],
+        name, IMAGE, env=ONE_THREAD_ENV, args=training_args(),
         volumeMounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
         template={"spec": {"volumes": [hostpath_volume("checkpoints", str(folder))],
                            "terminationGracePeriodSeconds": 10}},
@@ -178,45 +203,114 @@ def run_mode(e2e: E2E, mode: str, restarts: int, shared: Path) -> list[dict[str,
         # node no node is left to schedule on (failurePolicy.excludeNodeAfterFailures).
         failurePolicy={"maxRestarts": restarts + 2, "restartMode": mode, "excludeNodeAfterFailures": 0})
     e2e.create(manifest)
-    watch = PhaseWatch(e2e, name)
-    rows = []
+
+    def restart_mode() -> str:
+        history = ((e2e.job(name) or {}).get("status") or {}).get("failureHistory") or [{}]
+        return str(history[0].get("restartMode"))
+
+    return BenchJob(name, names.node_pod_name(name, 0), names.node_pod_name(name, 1), names.CONTAINER_NAME,
+                    restart_mode, lambda: e2e.delete_job(name))
+
+
+PYTORCHJOB_CONTAINER = "pytorch"  # the container name PyTorchJob requires
+
+
+def pytorchjob_manifest(name: str, namespace: str, folder: str, restarts: int) -> dict:
+    """A 2-replica PyTorchJob (Master + Worker, restartPolicy OnFailure: the kubelet restarts a
+    failed container in its pod) of the same image and training, run with torchrun on the
+    variables training-operator sets. DDPJOB_NAME/NAMESPACE/NODE_RANK are set only so that the
+    kill script finds the worker as it does in a DDPJob's pod."""
+    def replica(rank: int) -> dict:
+        env = [*ONE_THREAD_ENV, {"name": "DDPJOB_NAME", "value": name},
+               {"name": "DDPJOB_NAMESPACE", "value": namespace}, {"name": "NODE_RANK", "value": str(rank)}]
+        container = {
+            "name": PYTORCHJOB_CONTAINER, "image": IMAGE, "imagePullPolicy": "IfNotPresent", "env": env,
+            "command": ["torchrun", "--rdzv-backend=static", "--nnodes=2", "--nproc-per-node=1",
+                        "--node-rank=$(PET_NODE_RANK)", "--master-addr=$(MASTER_ADDR)",
+                        "--master-port=$(MASTER_PORT)", "-m", "ddptrainer.main", *training_args()],
+            "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}]}
+        return {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {
+            "terminationGracePeriodSeconds": 10, "containers": [container],
+            "volumes": [hostpath_volume("checkpoints", folder)]}}}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+            "spec": {"runPolicy": {"backoffLimit": restarts + 10},
+                     "pytorchReplicaSpecs": {"Master": replica(0), "Worker": replica(1)}}}
+
+
+def pytorchjob(e2e: E2E, restarts: int, folder: Path) -> BenchJob:
+    name = "restart-pytorchjob"
+    e2e.custom.create_namespaced_custom_object("kubeflow.org", "v1", e2e.namespace, "pytorchjobs",
+                                               pytorchjob_manifest(name, e2e.namespace, str(folder), restarts))
+    return BenchJob(name, f"{name}-master-0", f"{name}-worker-0", PYTORCHJOB_CONTAINER,
+                    lambda: "container restart (restartPolicy OnFailure)",
+                    lambda: e2e.custom.delete_namespaced_custom_object(
+                        "kubeflow.org", "v1", e2e.namespace, "pytorchjobs", name))
+
+
+def run_mode(e2e: E2E, mode: str, restarts: int, shared: Path, cap_seconds: float) -> list[dict[str, Any]]:
+    folder = shared / f"{e2e.namespace}-{mode.lower()}"
+    prepare_shared_dir(e2e, str(folder))
+    job = pytorchjob(e2e, restarts, folder) if mode == PYTORCHJOB else ddpjob(e2e, mode, restarts, folder)
+    watch = PhaseWatch(e2e, job.name) if mode != PYTORCHJOB else None
+    rows: list[dict[str, Any]] = []
     try:
         killed_at = 0.0
         for attempt in range(restarts):
             # The current attempt (started after the last kill) past a checkpoint of its own, so
             # that every round resumes from a fresh one.
             def trained_past_a_checkpoint():
-                events = node0_events(e2e, name)
+                events = pod_events(e2e, job.node0_pod, job.container)
                 begun = [i for i, e in enumerate(events) if e["event"] == "start" and e.get("time", 0) > killed_at]
                 if not begun:
                     return False
                 first = events[begun[-1]].get("step", 0)
                 steps = [e["step"] for e in events[begun[-1]:] if e["event"] == "progress"]
                 return bool(steps) and steps[-1] >= (first // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY + 3
-            wait_for(trained_past_a_checkpoint, 300, f"attempt {attempt} to train past a checkpoint", 0.5)
-            victim = names.node_pod_name(name, 1)
-            killed = e2e.cluster.kubectl("exec", "-n", e2e.namespace, victim, "-c", names.CONTAINER_NAME, "--",
-                                         "python", "-c", KILL_AND_TIME, name, e2e.namespace, "1", check=False)
+            wait_for(trained_past_a_checkpoint, 300, f"{mode}: attempt {attempt} to train past a checkpoint", 0.5)
+            killed = e2e.cluster.kubectl("exec", "-n", e2e.namespace, job.victim_pod, "-c", job.container, "--",
+                                         "python", "-c", KILL_AND_TIME, job.name, e2e.namespace, "1", check=False)
             match = re.search(r"killed at ([0-9.]+)", killed.stdout)
             if killed.returncode != 0 or match is None:
                 raise RuntimeError(f"killing node 1's worker: {killed.stderr.strip()}")
             killed_at = float(match.group(1))
-            milestones = wait_for(lambda: next_attempt_milestones(node0_events(e2e, name), killed_at), 300,
-                                  f"attempt {attempt + 1}'s first step", 0.5)
-            restarting = watch.first("Restarting", killed_at)
-            job = e2e.job(name) or {}
-            history = (job.get("status") or {}).get("failureHistory") or [{}]
+            try:
+                milestones = wait_for(lambda: next_attempt_milestones(
+                    pod_events(e2e, job.node0_pod, job.container), killed_at), cap_seconds,
+                    f"{mode}: attempt {attempt + 1}'s first step", 0.5)
+            except TimeoutError:
+                rows.append({"attempt": attempt + 1, "restartMode": job.restart_mode(), "capped_s": cap_seconds})
+                print(f"{mode} restart {attempt + 1}/{restarts}: no training step within the cap of "
+                      f"{cap_seconds:g} s; this mode's rounds end here", file=sys.stderr, flush=True)
+                break
+            restarting = watch.first("Restarting", killed_at) if watch else None
             row = {key: milestones[key[:-2]] - killed_at for _, key, _ in PHASES}
-            row.update({"attempt": attempt + 1, "restartMode": history[0].get("restartMode"),
-                        "exitCode": history[0].get("exitCode"), "resumed_step": milestones["resumed_step"],
+            row.update({"attempt": attempt + 1, "restartMode": job.restart_mode(),
+                        "resumed_step": milestones["resumed_step"],
                         "restarting_s": None if restarting is None else restarting - killed_at})
             rows.append(row)
-            print(f"{mode} restart {attempt + 1}/{restarts} ({row['restartMode']}, exit {row['exitCode']}): "
+            print(f"{mode} restart {attempt + 1}/{restarts} ({row['restartMode']}): "
                   f"first step {row['first_step_s']:.2f} s after the kill", file=sys.stderr, flush=True)
     finally:
-        watch.stop()
-        e2e.custom.delete_namespaced_custom_object(GROUP, VERSION, e2e.namespace, PLURAL, name)
+        if watch:
+            watch.stop()
+        job.delete()
     return rows
+
+
+def start_training_operator(context: str, run_dir: Path):
+    """Kubeflow's training-operator v1.8.1 as a host process against the kind cluster
+    (benchmarks/peer_controllers.py: as its manifests set it up, with its ServiceAccount)."""
+    import base64
+
+    from benchmarks.peer_controllers import TrainingOperator
+
+    kubectl = Kubectl(None, context)
+    config = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
+    cluster = config["clusters"][0]["cluster"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ca_cert = run_dir / "ca.crt"
+    ca_cert.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    return TrainingOperator(kubectl, cluster["server"], ca_cert, run_dir).start()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,17 +329,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              30, "the namespace's default ServiceAccount")
     e2e = E2E(cluster, namespace, IMAGE)
     modes: dict[str, list] = {}
+    peer = None
     try:
+        if PYTORCHJOB in args.modes.split(","):
+            peer = start_training_operator(context, Path(args.results_dir).parent / ".runs" / namespace)
         for mode in args.modes.split(","):
-            modes[mode] = run_mode(e2e, mode, restarts, shared)
+            modes[mode] = run_mode(e2e, mode, restarts, shared, args.cap_seconds)
     finally:
         kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        if peer is not None:
+            peer.stop()
     stats = {mode: {key: summarize([r[key] for r in rows if r.get(key) is not None]) for _, key in STEPS}
              for mode, rows in modes.items()}
     figures = {f"{mode}.{key}.median": s[key]["median"] for mode, s in stats.items() for _, key in STEPS
                if s[key]["n"]}
     return {"params": {"restarts": restarts, "modes": list(modes), "nnodes": 2, "target": "kind",
-                       "checkpoint_every": CHECKPOINT_EVERY, "image": IMAGE},
+                       "checkpoint_every": CHECKPOINT_EVERY, "image": IMAGE, "cap_seconds": args.cap_seconds,
+                       "peer": f"training-operator {PEER_VERSION}" if PYTORCHJOB in modes else None},
             "figures": figures, "stats": stats, "runs": modes}
 
 
@@ -263,8 +363,12 @@ def report(results: dict[str, Any]) -> str:
             medians.append(summarize(spans).get("median"))
         parts.append((label, *medians))
     done_as = {m: sorted({str(r["restartMode"]) for r in results["runs"][m]}) for m in modes}
-    return (f"Restart on kind: {p['restarts']} SIGKILLs of node 1's training process per mode, a 2-node job of "
-            f"the trainer image (seconds after the kill; restarts done as {done_as})\n\n"
+    counted = ", ".join(f"{m} {sum(1 for r in results['runs'][m] if 'first_step_s' in r)}" for m in modes)
+    capped = [f"{m}: restart {r['attempt']} reached no training step within {r['capped_s']:g} s"
+              for m in modes for r in results["runs"][m] if "capped_s" in r]
+    return (f"Restart on kind: up to {p['restarts']} SIGKILLs of node 1's training process per mode, a 2-node "
+            f"job of the trainer image (seconds after the kill; restarts measured: {counted}; done as {done_as})"
+            + ("; " + "; ".join(capped) if capped else "") + "\n\n"
             + table(["milestone", *(f"{m} median" for m in modes), *(f"{m} p95" for m in modes)], rows)
             + "\n\nwhere it goes (medians of each phase)\n\n"
             + table(["phase", *modes], parts))

@@ -32,3 +32,23 @@ def test_nothing_until_the_next_attempt_has_stepped():
     assert next_attempt_milestones(json_events(_log(started)), killed_at=100.0) is None
     old = [{"event": "start", "time": 90.0}, {"event": "progress", "time": 99.0}]
     assert next_attempt_milestones(json_events(_log(*old)), killed_at=100.0) is None
+
+
+def test_the_pytorchjob_peer_runs_the_same_training_under_torchrun_on_its_own_variables():
+    from benchmarks.restart_modes import PYTORCHJOB_CONTAINER, pytorchjob_manifest, training_args
+
+    manifest = pytorchjob_manifest("peer", "ns", "/shared/peer", restarts=4)
+    replicas = manifest["spec"]["pytorchReplicaSpecs"]
+    assert set(replicas) == {"Master", "Worker"}
+    for rank, kind in enumerate(("Master", "Worker")):
+        spec = replicas[kind]
+        assert spec["replicas"] == 1 and spec["restartPolicy"] == "OnFailure"  # the kubelet restarts it
+        container = spec["template"]["spec"]["containers"][0]
+        assert container["name"] == PYTORCHJOB_CONTAINER
+        command = container["command"]
+        assert command[0] == "torchrun" and "--node-rank=$(PET_NODE_RANK)" in command
+        assert command[-len(training_args()):] == training_args()
+        env = {e["name"]: e["value"] for e in container["env"]}
+        # what the kill script matches in a DDPJob's pod, so that it finds this worker too
+        assert (env["DDPJOB_NAME"], env["DDPJOB_NAMESPACE"], env["NODE_RANK"]) == ("peer", "ns", str(rank))
+    assert manifest["spec"]["runPolicy"]["backoffLimit"] > 4
