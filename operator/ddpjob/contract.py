@@ -102,8 +102,11 @@ PROGRESS_PATH = "/progress"
 #: an answer for another attempt than the one polled carries no report of it.
 PROGRESS_ATTEMPT_KEY = "attempt"
 #: The keys of one report (a JSON object, one file per rank); only ``step`` is required.
-#: ``throughput`` is in samples per second; ``time`` is the writer's Unix time.
-PROGRESS_REPORT_KEYS = ("step", "total_steps", "epoch", "epochs", "loss", "throughput", "time")
+#: ``throughput`` is in samples per second; ``time`` is the writer's Unix time;
+#: ``checkpoint_seconds``: what the last periodic checkpoint held training up, and
+#: ``checkpoint_interval_seconds``: the seconds between the last two (the operator's advice).
+PROGRESS_REPORT_KEYS = ("step", "total_steps", "epoch", "epochs", "loss", "throughput", "time",
+                        "checkpoint_seconds", "checkpoint_interval_seconds")
 
 
 def progress_file_name(rank: int) -> str:

@@ -24,8 +24,8 @@ _ONE_RESTART = """
     attempt = int(os.environ["DDPJOB_RESTART_ATTEMPT"])
     time.sleep(2)  # the program's start
     if attempt == 0:
-        for step in range(11):
-            report_progress(step, 15, force=True)
+        for step in range(11):  # it says each checkpoint holds it up 0.5 s, one a second
+            report_progress(step, 15, force=True, checkpoint_seconds=0.5, checkpoint_interval_seconds=1.0)
             time.sleep(0.5)
         time.sleep(12)  # at step 10, past a poll
         sys.exit(1)
@@ -89,6 +89,13 @@ def test_the_goodput_of_a_job_with_one_restart_is_what_the_test_measured(e2e):
     assert status["message"].endswith(good["summary"]), status["message"]
     [succeeded] = e2e.wait_for_event(name, "Succeeded")
     assert good["summary"] in succeeded["message"], succeeded
+    # Checkpoint-interval advice: a 0.5 s checkpoint every second, one failure in ~15 s of
+    # running: Young/Daly says every ~3.5 s, off by more than 2x, so the restart said so once.
+    assert (status["progress"]["checkpointSeconds"], status["progress"]["checkpointIntervalSeconds"]) == (0.5, 1.0)
+    suggested = good["suggestedCheckpointIntervalSeconds"]
+    assert 2.0 < suggested < 10.0, good
+    [advice] = e2e.wait_for_event(name, "CheckpointInterval")
+    assert advice["type"] == "Normal" and "checkpoints every 1s" in advice["message"], advice
     _, rows = table_rows(e2e.cluster.kubectl("get", "ddpjobs", "-n", e2e.namespace, "-o", "wide").stdout)
     [row] = [r for r in rows if r["NAME"] == name]
     assert row["GOODPUT"] == good["percent"], row

@@ -27,7 +27,7 @@ def test_every_rank_reports_and_the_pod_entry_point_serves_the_reports(mp, tmp_p
     folder = tmp_path / "progress"
     env = {**trainer_env, "PET_NPROC_PER_NODE": "2", contract.DDPJOB_PROGRESS_DIR: str(folder),
            contract.DDPJOB_PROGRESS_PORT: str(port)}
-    proc = mp.start(mp.pod_entry(*mp.TINY, "--fake-size", "1600", "--epochs", "1",
+    proc = mp.start(mp.pod_entry(*mp.TINY, "--fake-size", "1600", "--epochs", "1", "--checkpoint-every", "20",
                                  "--checkpoint-dir", str(tmp_path / "checkpoints")), env, tmp_path / "log")
     try:
         deadline, ranks = time.monotonic() + 120, {}
@@ -46,6 +46,10 @@ def test_every_rank_reports_and_the_pod_entry_point_serves_the_reports(mp, tmp_p
     final = {r: json.loads((folder / contract.progress_file_name(r)).read_text()) for r in (0, 1)}
     assert [final[r]["step"] for r in (0, 1)] == [100, 100], final
     assert final[0]["epochs"] == 1 and final[0]["loss"] > 0 and final[0]["throughput"] > 0, final
+    # what a periodic checkpoint held each rank up, and the seconds between two: the operator's
+    # checkpoint-interval advice (api/checkpoint_advice.py)
+    for r in (0, 1):
+        assert 0 < final[r]["checkpoint_seconds"] < 60 and final[r]["checkpoint_interval_seconds"] > 0, final
 
 
 SPAWNING_SCRIPT = '''

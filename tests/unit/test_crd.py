@@ -110,7 +110,7 @@ def test_status_schema_is_the_one_in_the_design_notes():
                            "succeededRanks", "conditions"]
     assert list(props["progress"]["properties"]) == [
         "summary", "eta", "step", "totalSteps", "epoch", "epochs", "loss", "throughput", "etaSeconds",
-        "lastReportTime", "ranksReporting", "attempt"]
+        "lastReportTime", "ranksReporting", "attempt", "checkpointSeconds", "checkpointIntervalSeconds"]
     assert props["progress"]["properties"]["loss"]["type"] == "number"
     assert props["phase"]["enum"] == ["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Queued"]
     assert list(props["failedNode"]["properties"]) == ["nodeRank", "pod", "exitCode", "reason", "message"]

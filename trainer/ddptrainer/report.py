@@ -74,9 +74,13 @@ def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Opti
                     epochs: Optional[int] = None, loss: Optional[float] = None,
                     throughput: Optional[float] = None, force: bool = False,
                     min_interval: float = 1.0, rank: Optional[int] = None,
-                    environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Record this process's progress (``throughput`` in samples per second). Returns whether a
-    report was written (False: not in a DDPJob, throttled, or the directory is not writable).
+                    environ: Optional[Mapping[str, str]] = None,
+                    checkpoint_seconds: Optional[float] = None,
+                    checkpoint_interval_seconds: Optional[float] = None) -> bool:
+    """Record this process's progress (``throughput`` in samples per second; optionally what a
+    periodic checkpoint holds training up and the seconds between two, for the operator's
+    checkpoint-interval advice). Returns whether a report was written (False: not in a DDPJob,
+    throttled, or the directory is not writable).
 
     The rank is ``rank`` if given, else the started process group's rank, else ``$RANK``."""
     env = os.environ if environ is None else environ
@@ -88,7 +92,9 @@ def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Opti
     if not force and now - _last_write.get(path, -math.inf) < min_interval:
         return False
     report = {"step": int(step), "total_steps": total_steps, "epoch": epoch, "epochs": epochs,
-              "loss": _number(loss), "throughput": _number(throughput), "time": round(now, 3)}
+              "loss": _number(loss), "throughput": _number(throughput), "time": round(now, 3),
+              "checkpoint_seconds": _number(checkpoint_seconds),
+              "checkpoint_interval_seconds": _number(checkpoint_interval_seconds)}
     report = {k: v for k, v in report.items() if v is not None}
     try:
         os.makedirs(directory, exist_ok=True)

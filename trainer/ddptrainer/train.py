@@ -81,6 +81,12 @@ class Trainer:
         self.last_checkpoint: Optional[str] = None
         self.last_loss: Optional[float] = None
         self.last_throughput: Optional[float] = None  # samples per second, last log window
+        # What a periodic checkpoint costs the training loop (the gather and rank 0's host copy;
+        # the write runs in the background) and how far apart they are, both in seconds: the
+        # operator's checkpoint-interval advice (Young/Daly) reads them from the reports.
+        self.checkpoint_seconds: Optional[float] = None
+        self.checkpoint_interval_seconds: Optional[float] = None
+        self._last_periodic_save: Optional[float] = None
         self.resumed_from: Optional[str] = None
         self.writer = checkpoint.BackgroundWriter()
         problem, newest = checkpoint.prepare_folder(ctx, config.checkpoint_dir, config.owner,
@@ -219,7 +225,19 @@ class Trainer:
     def _report(self, force: bool = False) -> None:
         """This rank's progress for the operator (docs/contract.md, "Progress")."""
         report_progress(self.step, self.total_steps, epoch=self.epoch + 1, epochs=self.config.epochs,
-                        loss=self.last_loss, throughput=self.last_throughput, force=force)
+                        loss=self.last_loss, throughput=self.last_throughput, force=force,
+                        checkpoint_seconds=self.checkpoint_seconds,
+                        checkpoint_interval_seconds=self.checkpoint_interval_seconds)
+
+    def _periodic_save(self) -> None:
+        """A --checkpoint-every save, timed: what it held the loop, and the time since the last."""
+        began = time.perf_counter()
+        self._save()  # rank 0 writes it in the background
+        ended = time.perf_counter()
+        self.checkpoint_seconds = round(ended - began, 4)
+        if self._last_periodic_save is not None:
+            self.checkpoint_interval_seconds = round(ended - self._last_periodic_save, 3)
+        self._last_periodic_save = ended
 
     def run(self, startup: Optional[dict[str, float]] = None) -> TrainResult:
         """Train to the end (or a stop); ``startup``: the start-up phases' seconds, for the
@@ -280,7 +298,7 @@ class Trainer:
                     window_sum.zero_()
                     window_steps, data_wait, window_start = 0, 0.0, time.perf_counter()
                 if c.checkpoint_every and self.step % c.checkpoint_every == 0:
-                    self._save()  # rank 0 writes it in the background
+                    self._periodic_save()
             # The shards are dealt out from the epoch's order, so the gang has consumed a
             # prefix of it: the epoch is over once that prefix covers every sample.
             if self.epoch_samples >= self.sampler.dataset_len:

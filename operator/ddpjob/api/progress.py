@@ -40,6 +40,8 @@ class RankReport:
     epochs: Optional[int] = None
     loss: Optional[float] = None
     throughput: Optional[float] = None
+    checkpoint_seconds: Optional[float] = None
+    checkpoint_interval_seconds: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,12 @@ def _opt_float(value: Any) -> Optional[float]:
     return None
 
 
+def _seconds(value: Any) -> Optional[float]:
+    """A duration a program reported: 0 to MAX_AGE_SECONDS, else no value."""
+    number = _opt_float(value)
+    return round(number, 4) if number is not None and 0.0 <= number <= MAX_AGE_SECONDS else None
+
+
 def _rank(key: Any) -> Optional[int]:
     """A rank key: a short run of ASCII digits ("3"), nothing else (int() also takes " 3",
     "3_0" and other scripts' digits)."""
@@ -126,7 +134,9 @@ def parse_answer(body: Any, observed_at: dt.datetime,
                                total_steps=_opt_int(report.get("total_steps")),
                                epoch=_opt_int(report.get("epoch")), epochs=_opt_int(report.get("epochs")),
                                loss=_opt_float(report.get("loss")),
-                               throughput=_opt_float(report.get("throughput")))
+                               throughput=_opt_float(report.get("throughput")),
+                               checkpoint_seconds=_seconds(report.get("checkpoint_seconds")),
+                               checkpoint_interval_seconds=_seconds(report.get("checkpoint_interval_seconds")))
     return out
 
 
@@ -189,12 +199,20 @@ def to_status(progress: GangProgress, *, running: bool, previous: Optional[Progr
     if running and total and leader.step < total:
         eta_seconds = _eta(progress, total)
     last = progress.last_report_at
+    # The checkpoint's cost is the slowest rank's (they wait for each other); a later attempt
+    # that has not checkpointed yet keeps the figures the status had.
+    costs = [r.checkpoint_seconds for r in progress.ranks.values() if r.checkpoint_seconds is not None]
+    intervals = [r.checkpoint_interval_seconds for r in progress.ranks.values()
+                 if r.checkpoint_interval_seconds is not None]
+    cost = max(costs) if costs else previous.checkpointSeconds if previous else None
+    interval = max(intervals) if intervals else previous.checkpointIntervalSeconds if previous else None
     return Progress(summary=summary, eta=format_duration(eta_seconds) if eta_seconds is not None else "",
                     step=leader.step, totalSteps=total, epoch=leader.epoch, epochs=leader.epochs,
                     loss=round(leader.loss, 6) if leader.loss is not None else None,
                     throughput=round(leader.throughput, 1) if leader.throughput is not None else None,
                     etaSeconds=eta_seconds, lastReportTime=format_time(last) if last else None,
-                    ranksReporting=sum(1 for r in progress.ranks if r >= 0), attempt=progress.attempt)
+                    ranksReporting=sum(1 for r in progress.ranks if r >= 0), attempt=progress.attempt,
+                    checkpointSeconds=cost, checkpointIntervalSeconds=interval)
 
 
 def _eta(progress: GangProgress, total: int) -> Optional[int]:

@@ -206,6 +206,10 @@ class Goodput(model.Record):
         "Steps trained again after restarts: per resumed attempt, the highest step reported before "
         "less the step its first report resumed at (the steps since the last checkpoint).", default=0)
     highestStep: Optional[int] = status_field("The highest step any attempt reported (unset: none yet).")
+    suggestedCheckpointIntervalSeconds: Optional[float] = status_field(
+        "The checkpoint interval that would lose the least time at the failure rate seen so far "
+        "(Young/Daly, from progress.checkpointSeconds and the job's running seconds per restart; "
+        "api/checkpoint_advice.py). Unset until a restart and a reported checkpoint cost.")
     segment: str = status_field("Where the time goes now.", default="", enum=GOODPUT_SEGMENTS,
                                 blank_is_unset=True)
     segmentStart: str = status_field("When the current segment began.", default="", format="date-time",
@@ -234,6 +238,11 @@ class Progress(model.Record):
         blank_is_unset=True)
     ranksReporting: int = status_field("Ranks that have reported in this attempt.", default=0)
     attempt: int = status_field("The attempt the reports come from.", default=0)
+    checkpointSeconds: Optional[float] = status_field(
+        "Seconds the last periodic checkpoint held training up, as the slowest rank reported it "
+        "(programs that report it: ddptrain does).")
+    checkpointIntervalSeconds: Optional[float] = status_field(
+        "Seconds between the last two periodic checkpoints, as reported.")
 
 
 @dataclass(frozen=True)
