@@ -114,6 +114,21 @@ def progress_file_name(rank: int) -> str:
     return f"rank-{int(rank)}.json"
 
 
+def clear_progress_reports(directory: str) -> None:
+    """Remove the ranks' report files (``rank-*.json``) of ``directory``; nothing else there.
+    Before an attempt restarted in place, whose reports the previous attempt's would pass for."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
 def read_progress_reports(directory: str, now: Optional[float] = None) -> dict[str, dict[str, Any]]:
     """The reports in ``directory`` by rank, each with ``age_seconds`` (from the file's mtime)."""
     now = time.time() if now is None else now
@@ -155,6 +170,10 @@ DDPJOB_PERMANENT_EXIT_CODES = "DDPJOB_PERMANENT_EXIT_CODES"
 #: Not set by the operator (every pod serves on the same port): node 0's progress port, where
 #: the other nodes ask which attempt it runs, when several nodes share one machine (tests).
 DDPJOB_MASTER_PROGRESS_PORT = "DDPJOB_MASTER_PROGRESS_PORT"
+#: Not set by the operator (a pod serves on every address of its own network namespace): the
+#: address the entry point serves its port on. ``ddpjob run`` sets 127.0.0.1, so that only this
+#: machine reaches its nodes' ports.
+DDPJOB_PROGRESS_ADDRESS = "DDPJOB_PROGRESS_ADDRESS"
 #: Not set by the operator (yours to set in the template): ``0`` turns off the warm start of an
 #: in-place restart's workers (forked from a process that imported torch: ddptrainer/warm_start.py).
 DDPJOB_WARM_START = "DDPJOB_WARM_START"

@@ -7,6 +7,7 @@ machine has 2 cores.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import queue
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddpjob import contract
 from tests.support.local_run import ddpjob_run, run
 
 pytestmark = pytest.mark.multiprocess
@@ -355,3 +357,55 @@ def test_the_end_of_a_run_says_where_its_time_went(tmp_path):
     assert re.search(r"goodput: training \d+% of \d+s; 1 restart cost \d+s, 5 steps re-done", line), line
     percent = int(re.search(r"training (\d+)%", line).group(1))
     assert 60 <= percent < 100, line  # about 10 s of 11: the starts and the restart are short here
+
+
+# The built-in trainer, its steps slowed in attempt 0, where global rank 1 (node 1's worker)
+# SIGKILLs itself two steps after the checkpoint of step 4, as the OOM killer would.
+KILLED_AFTER_A_CHECKPOINT = textwrap.dedent('''
+    import os, signal, sys, time
+    print("warm", "torch" in sys.modules, "attempt", os.environ["DDPJOB_RESTART_ATTEMPT"], flush=True)
+    from ddptrainer import main, train
+
+    if os.environ["DDPJOB_RESTART_ATTEMPT"] == "0":
+        original, calls = train.Trainer._run_batch, [0]
+
+        def slow(self, batch):
+            calls[0] += 1
+            if os.environ["RANK"] == "1" and calls[0] == 7:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.4)
+            return original(self, batch)
+
+        train.Trainer._run_batch = slow
+    sys.exit(main.run(sys.argv[1:]))
+''')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ddptrainer.pod_entry") is None,
+                    reason="the trainer's pod entry point (ddptrainer.pod_entry) does not exist yet")
+def test_a_killed_worker_restarts_the_gang_in_place_and_resumes_at_the_checkpoint(tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(KILLED_AFTER_A_CHECKPOINT)
+    manifest = write_trainer_job(tmp_path, nprocPerNode=1, failurePolicy={"maxRestarts": 1}, args=[
+        "--script", str(script), *TRAINER_ARGS[:TRAINER_ARGS.index("--max-steps")], "--max-steps", "8",
+        "--checkpoint-every", "4", "--log-format", "json", "--log-every", "1",
+        "--num-workers", "0", "--checkpoint-dir", "/checkpoints"])
+    result = run(manifest, "--workdir", str(tmp_path), timeout=400)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-6000:]
+    assert "node 1 exited 137 (killed (SIGKILL, often the OOM killer), retryable); restarting the gang (restart 1/1)" in result.stderr
+    assert "every node runs attempt 1 in place" in result.stderr, out[-6000:]
+    assert "starting the gang anew" not in result.stderr
+    assert "succeeded: all 2 nodes exited 0 after 1 restart" in result.stderr
+    for node in (0, 1):
+        lines = [line.split(f"[node-{node}] ", 1)[1] for line in result.stdout.splitlines()
+                 if line.startswith(f"[node-{node}] ")]
+        # one entry point (one run mark) ran both attempts: the same process, restarted in place
+        marks = [m for m in map(contract.parse_attempt_mark, lines) if m]
+        assert [a for a, _ in marks] == [0, 1] and marks[0][1] == marks[1][1], marks
+        assert "ddptrain-pod: restarting in place: attempt 1" in lines
+        # attempt 1's worker was forked from the warm process, which had imported torch
+        assert "warm False attempt 0" in lines and "warm True attempt 1" in lines, lines[-40:]
+    starts = [json.loads(line.split("] ", 1)[1]) for line in result.stdout.splitlines()
+              if line.startswith("[node-0] {") and '"event": "start"' in line]
+    assert [s["step"] for s in starts] == [0, 4], starts  # attempt 1 resumed from step 4

@@ -18,9 +18,10 @@ PACKAGE_ROOTS = {"ddpjob": ROOT / "operator" / "ddpjob", "ddptrainer": ROOT / "t
 # room -> the rooms of this repository it may import (besides itself)
 ALLOWED_ROOMS = {
     "ddpjob.contract": set(),
+    "ddpjob.restart_orders": {"ddpjob.contract"},
     "ddpjob.api": {"ddpjob.contract"},
-    "ddpjob.controller": {"ddpjob.contract", "ddpjob.api"},
-    "ddpjob.local": {"ddpjob.contract", "ddpjob.api"},
+    "ddpjob.controller": {"ddpjob.contract", "ddpjob.api", "ddpjob.restart_orders"},
+    "ddpjob.local": {"ddpjob.contract", "ddpjob.api", "ddpjob.restart_orders"},
     "ddpjob.client": {"ddpjob.contract", "ddpjob.api"},
     "ddpjob.cli": {"ddpjob.contract", "ddpjob.api", "ddpjob.controller", "ddpjob.local", "ddpjob.client"},
     "ddptrainer": {"ddpjob.contract"},
@@ -28,6 +29,7 @@ ALLOWED_ROOMS = {
 # third-party packages a room must never import
 FORBIDDEN = {
     "ddpjob.contract": {"torch", "torchvision", "kopf", "kubernetes", "yaml"},  # standard library only
+    "ddpjob.restart_orders": {"torch", "torchvision", "kopf", "kubernetes", "yaml"},  # likewise
     "ddpjob.api": {"torch", "torchvision", "kopf", "kubernetes"},
     "ddpjob.controller": {"torch", "torchvision"},
     "ddpjob.local": {"torch", "torchvision", "kopf", "kubernetes"},

@@ -11,7 +11,7 @@ from ddpjob import contract
 from ddpjob.api import progress
 from ddpjob.api.checkpoint_advice import OFF_BY, advise, daly_interval
 from ddpjob.api.status import Goodput, Progress
-from ddpjob.controller.restart_orders import EntryState
+from ddpjob.restart_orders import EntryState
 from tests.support.decisions import decide
 from tests.support.jobs import make_job, pod_view
 from tests.support.operator_fakes import NOW, at, running_status

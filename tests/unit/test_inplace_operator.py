@@ -13,9 +13,10 @@ from ddpjob import contract
 from ddpjob.api import names
 from ddpjob.api.spec import FailurePolicy
 from ddpjob.api.status import CREATED, JobStatus
-from ddpjob.controller import builders, decide as decision, restart_orders
+from ddpjob import restart_orders
+from ddpjob.controller import builders, decide as decision
 from ddpjob.controller.reconcile import JobMemory
-from ddpjob.controller.restart_orders import EntryState, parse_entry_state
+from ddpjob.restart_orders import EntryState, parse_entry_state
 from tests.support.decisions import decide
 from tests.support.fake_pods import fake_pod
 from tests.support.jobs import make_job, pod_view

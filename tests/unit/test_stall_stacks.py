@@ -11,7 +11,8 @@ import pytest
 from ddpjob import contract
 from ddpjob.api.spec import FailurePolicy
 from ddpjob.controller import reconcile as reconcile_module
-from ddpjob.controller import restart_orders, stall_stacks
+from ddpjob import restart_orders
+from ddpjob.controller import stall_stacks
 from ddpjob.controller.reconcile import JobMemory, reconcile
 from ddpjob.controller.settings import OperatorSettings
 from ddpjob.controller.stall_stacks import PodStacks, main_frames, summarize

@@ -435,7 +435,8 @@ def _serve_progress(env: Mapping[str, str],
     if restart is not None:
         control = EntryControl(restart.first_attempt, restart.token)
         control.stop_workers = stopper(control, restart.grace_seconds, _log)
-    if report.serve_progress(directory, port, control=control) is None:
+    host = env.get(contract.DDPJOB_PROGRESS_ADDRESS) or "0.0.0.0"
+    if report.serve_progress(directory, port, host=host, control=control) is None:
         _log(f"progress reports are off: port {port} is taken"
              + ("; no in-place restart either" if control else ""))
         return None

@@ -287,18 +287,8 @@ def progress_reported(directory: Optional[str]) -> bool:
 
 def clear_progress(directory: Optional[str]) -> None:
     """The previous attempt's reports would read as this attempt's (a hang, a wrong step)."""
-    if not directory:
-        return
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith("rank-") and name.endswith(".json"):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
+    if directory:
+        contract.clear_progress_reports(directory)
 
 
 def stopper(control: EntryControl, grace_seconds: float, log: Log,

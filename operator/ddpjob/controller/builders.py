@@ -146,7 +146,7 @@ def readiness_probe() -> dict[str, Any]:
 def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
               restart_token: Optional[str] = None) -> dict[str, Any]:
     """One node's pod. ``restart_token``: the credential of in-place restart orders (random per
-    pod, controller/restart_orders.py); without one (``ddpjob render``) the pod is restarted
+    pod, ddpjob/restart_orders.py); without one (``ddpjob render``) the pod is restarted
     by recreating it."""
     s = job.spec
     tmpl = s.template.spec

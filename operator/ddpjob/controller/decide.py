@@ -56,7 +56,7 @@ from ddpjob.api.status import (
 )
 from ddpjob.controller.builders import owner_uid
 from ddpjob.controller.kueue import Hold
-from ddpjob.controller.restart_orders import EntryState
+from ddpjob.restart_orders import EntryState
 from ddpjob.controller import stall_stacks
 
 # Failure reasons after which the job's pods are always released, whatever cleanPodPolicy says:
@@ -263,7 +263,7 @@ class Observation:
     service: Optional[ServiceView] = None
     service_watched: bool = False
     # What the entry points of pods of the current attempt said of themselves (GET /attempt),
-    # by pod uid: asked of pods whose readiness dropped (controller/restart_orders.py).
+    # by pod uid: asked of pods whose readiness dropped (ddpjob/restart_orders.py).
     entry_states: Mapping[str, EntryState] = field(default_factory=dict)
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ddpjob import contract
-from ddpjob.controller import builders, kueue, progress, restart_orders, stall_stacks
+from ddpjob import restart_orders
+from ddpjob.controller import builders, kueue, progress, stall_stacks
 from ddpjob.controller import metrics
 from ddpjob.api import goodput, node_exclusion
 from ddpjob.api import progress as progress_reports

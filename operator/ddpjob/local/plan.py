@@ -11,7 +11,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob.api import spec as api
@@ -100,16 +100,31 @@ class LocalSetup:
     run_uid: str = ""
 
 
+@dataclass(frozen=True)
+class NodeControl:
+    """In-place restarts (local/in_place.py): a node's port on 127.0.0.1 and its token."""
+
+    port: int
+    token: str
+
+
 def job_environment(job: api.DDPJob, *, node_rank: int, master_port: int, restart_attempt: int,
-                    setup: LocalSetup, environ: Mapping[str, str]) -> dict[str, str]:
+                    setup: LocalSetup, environ: Mapping[str, str],
+                    controls: Optional[Sequence["NodeControl"]] = None) -> dict[str, str]:
     """The variables a node's pod would get (the contract and spec.env), plus local stand-ins.
 
     Stand-ins, which a spec.env entry may override: the termination log (the kubelet's
     /dev/termination-log is not writable here), PYTHONUNBUFFERED=1 (so output arrives line by
     line) and CUDA_VISIBLE_DEVICES (the node's share of the GPUs; none for device cpu, as a CPU
     pod has none). A valueFrom entry is read from ``environ`` (load-time checked).
+
+    ``controls`` (one per node: in-place restarts) give the node the operator's InPlace
+    variables, its own port and token, node 0's port for the attempt handshake, and the loopback
+    address to serve on; the progress folder is then the run's, not the attempt's (the entry
+    point empties it before each attempt, as in a pod).
     """
     spec = job.spec
+    control = controls[node_rank] if controls else None
     contract_env = contract.node_environment(
         job_name=job.name, namespace=job.namespace, job_uid=setup.run_uid,
         master_addr=LOCAL_MASTER_ADDR,
@@ -117,9 +132,15 @@ def job_environment(job: api.DDPJob, *, node_rank: int, master_port: int, restar
         node_rank=node_rank, restart_attempt=restart_attempt, device=spec.device,
         rendezvous_timeout_seconds=spec.startupTimeoutSeconds,
         launcher=api.effective_launcher(spec), local_rank_flag=spec.localRankFlag,
-        # The supervisor reads the reports itself; nothing serves them (port 0), so the nodes of
-        # one machine do not compete for a port.
-        progress_dir=progress_dir(setup, restart_attempt), progress_port=0)
+        # The supervisor reads the reports itself. Only in-place restarts serve a port (each
+        # node its own, on loopback: the restart protocol), so the nodes never compete for one.
+        progress_dir=progress_dir(setup, restart_attempt), progress_port=control.port if control else 0,
+        restart_mode=contract.RESTART_MODE_IN_PLACE if control else None,
+        restart_token=control.token if control else None,
+        permanent_exit_codes=spec.failurePolicy.permanentExitCodes)
+    if control:
+        contract_env[contract.DDPJOB_MASTER_PROGRESS_PORT] = str(controls[0].port)
+        contract_env[contract.DDPJOB_PROGRESS_ADDRESS] = LOCAL_MASTER_ADDR
     gpus = setup.gpu_ids or ()
     stand_ins = {
         contract.DDPJOB_TERMINATION_LOG: termination_log_path(setup, node_rank),

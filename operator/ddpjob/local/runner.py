@@ -31,10 +31,12 @@ from ddpjob.api import failure_policy
 from ddpjob.api import goodput
 from ddpjob.api import progress as progress_reports
 from ddpjob.api import spec as api
-from ddpjob.local.plan import (LocalRunError, LocalSetup, check_gpus, job_environment, node_command,
-                               process_environment, progress_dir, reserve_free_port,
+from ddpjob.local import in_place
+from ddpjob.local.in_place import InPlaceGang
+from ddpjob.local.plan import (LocalRunError, LocalSetup, NodeControl, check_gpus, job_environment,
+                               node_command, process_environment, progress_dir, reserve_free_port,
                                termination_log_path, visible_gpu_ids)
-from ddpjob.local.supervisor import Console, GangOutcome, NodeLaunch, StopRequest, run_gang
+from ddpjob.local.supervisor import Console, Gang, GangOutcome, NodeLaunch, StopRequest
 from ddpjob.local.volumes import materialise_mounts
 
 EXIT_BAD_INPUT = 2  # the same code `ddpjob validate` uses for a job that cannot run as written
@@ -133,23 +135,21 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
     restore_signals = stop.install()
     deadline = time.monotonic() + spec.activeDeadlineSeconds if spec.activeDeadlineSeconds else None
     accounting = RunAccounting()
+    gang: Optional[Gang] = None
+    nodes: Optional[InPlaceGang] = None
+    directory = ""
     try:
         restarts_done = 0
         while True:
-            # A fresh port per attempt: the previous attempt's may linger in TIME_WAIT.
-            port_holder = reserve_free_port()
-            try:
-                launches = _launches(job, setup, environ, port_holder.getsockname()[1], restarts_done)
-                for rank in range(spec.nnodes):  # each attempt's pods start with an empty log
-                    _remove(termination_log_path(setup, rank))
-                directory = progress_dir(setup, restarts_done)
-                accounting.look(running=True)
-                outcome = run_gang(launches, cwd=workdir, console=console, stop=stop, deadline=deadline,
-                                   grace_seconds=spec.template.spec.terminationGracePeriodSeconds,
-                                   before_launch=port_holder.close,
-                                   watch=accounting.watching(directory, stall_watch(job, directory, restarts_done)))
-            finally:
-                port_holder.close()
+            if gang is None and not stop.requested:
+                gang, nodes, directory = _start_gang(job, setup, workdir, environ, console, stop, restarts_done)
+            accounting.look(running=True)
+            if gang is None:  # stopped between two attempts: start nothing
+                outcome = GangOutcome("stopped", signum=stop.signum)
+            else:
+                failure = _in_place_failure(nodes) if nodes is not None else None
+                outcome = gang.wait(deadline=deadline, failure=failure,
+                                    watch=accounting.watching(directory, stall_watch(job, directory, restarts_done)))
             accounting.progress(directory)  # what the gang reported last
             decision = restart_or_fail(outcome, restarts_done=restarts_done, spec=spec, job_name=job.name)
             if outcome.kind == "failed":
@@ -158,12 +158,64 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
                     console.note(f"node {outcome.node_rank} termination message: {message}")
             console.note(decision.message)
             if not decision.restart:
+                if gang is not None:
+                    gang.stop()
                 console.note(f"goodput: {accounting.finish()}")
                 return decision.exit_code
             restarts_done += 1
             accounting.restarted(restarts_done)
+            assert gang is not None
+            if _restarted_in_place(outcome, nodes, restarts_done, directory, console):
+                continue
+            gang.stop()
+            gang = None
     finally:
+        if gang is not None:
+            gang.stop()  # an exception (or a signal's KeyboardInterrupt) leaves nothing running
         restore_signals()
+
+
+def _start_gang(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping[str, str],
+                console: Console, stop: StopRequest, attempt: int) -> tuple[Gang, Optional[InPlaceGang], str]:
+    """Every node started for ``attempt``, with a fresh master port (the previous attempt's may
+    linger in TIME_WAIT) and, for in-place restarts, fresh ports and tokens of their own."""
+    spec = job.spec
+    controls = in_place.new_controls(spec.nnodes) if in_place.applies(spec) else None
+    nodes = InPlaceGang(controls, spec.failurePolicy.permanentExitCodes, first_attempt=attempt) if controls else None
+    port_holder = reserve_free_port()
+    try:
+        launches = _launches(job, setup, environ, port_holder.getsockname()[1], attempt, controls)
+        for rank in range(spec.nnodes):  # each attempt's pods start with an empty log
+            _remove(termination_log_path(setup, rank))
+        gang = Gang(cwd=workdir, grace_seconds=spec.template.spec.terminationGracePeriodSeconds,
+                    stop=stop, console=console)
+        gang.start(launches, before_launch=port_holder.close)
+    finally:
+        port_holder.close()
+    return gang, nodes, progress_dir(setup, attempt)
+
+
+def _in_place_failure(nodes: InPlaceGang) -> Callable[[], Optional[tuple[int, int, str]]]:
+    def failure() -> Optional[tuple[int, int, str]]:
+        seen = nodes.failure()
+        return None if seen is None else (seen.node_rank, seen.exit_code, seen.message)
+    return failure
+
+
+def _restarted_in_place(outcome: GangOutcome, nodes: Optional[InPlaceGang], attempt: int,
+                        directory: str, console: Console) -> bool:
+    """Order every node to run ``attempt`` in the processes they are (a failure their entry
+    points told, or a stall); False where that cannot be: the gang is then started anew."""
+    if nodes is None or not (outcome.in_place or outcome.kind == "stalled"):
+        return False
+    if not nodes.order(attempt):
+        console.note(f"a node did not take the order to run attempt {attempt} in place: "
+                     "starting the gang anew")
+        return False
+    contract.clear_progress_reports(directory)  # the stopped attempt's would pass for the next one's
+    console.note(f"every node runs attempt {attempt} in place (the same processes; the workers "
+                 "start anew and resume from the newest checkpoint)")
+    return True
 
 
 class RunAccounting:
@@ -229,11 +281,12 @@ def stall_watch(job: api.DDPJob, directory: str, attempt: int,
 
 
 def _launches(job: api.DDPJob, setup: LocalSetup, environ: Mapping[str, str], master_port: int,
-              restart_attempt: int) -> list[NodeLaunch]:
+              restart_attempt: int, controls: Optional[list[NodeControl]] = None) -> list[NodeLaunch]:
     launches = []
     for rank in range(job.spec.nnodes):
         job_env = job_environment(job, node_rank=rank, master_port=master_port,
-                                  restart_attempt=restart_attempt, setup=setup, environ=environ)
+                                  restart_attempt=restart_attempt, setup=setup, environ=environ,
+                                  controls=controls)
         argv = node_command(job.spec, job_env, setup.mounts)
         launches.append(NodeLaunch(rank, argv, process_environment(job_env, environ)))
     return launches

@@ -115,6 +115,9 @@ class GangOutcome:
     exit_code: Optional[int] = None
     signum: Optional[int] = None
     message: str = ""
+    #: ``failed`` told by a node whose entry point lives on (in-place restarts): it can be
+    #: ordered to run the next attempt instead of being started again.
+    in_place: bool = False
 
 
 def exit_code_of(returncode: int) -> int:
@@ -201,39 +204,34 @@ def stop_nodes(nodes: Sequence[LocalNode], grace_seconds: float, stop: StopReque
         node.join(timeout=5)
 
 
-def run_gang(
-    launches: Sequence[NodeLaunch],
-    *,
-    cwd: str,
-    grace_seconds: float,
-    stop: StopRequest,
-    console: Console,
-    deadline: Optional[float] = None,
-    before_launch: Callable[[], None] = lambda: None,
-    watch: Optional[Callable[[], Optional[tuple[int, str]]]] = None,
-    watch_seconds: float = 1.0,
-) -> GangOutcome:
-    """Start every node, wait until all succeed or the first fails, and leave nothing running.
+class Gang:
+    """The nodes of one gang, started once and kept across in-place restarts until ``stop``.
 
-    ``before_launch`` runs right before the first process starts (it releases the reserved
-    master port, shortening the window in which another program could take it).
-    ``deadline`` is a time.monotonic() value after which the gang is stopped. ``watch``, called
-    every ``watch_seconds`` while the nodes run, returns (node rank, why) when the gang must be
-    stopped as stalled (hang detection), else None.
+    ``wait`` returns how the running attempt ended: all nodes exited 0, one exited non-zero (the
+    first, as the waiter threads saw them), ``failure`` told of one whose process lives on (an
+    in-place node whose workers failed: ``failed`` with ``in_place``), ``watch`` found it
+    stalled, the deadline passed, or a signal came.
     """
-    exits: "queue.Queue[tuple[int, int]]" = queue.Queue()
-    nodes: list[LocalNode] = []
-    try:
-        if stop.requested:  # stopped between two attempts: start nothing
-            return GangOutcome("stopped", signum=stop.signum)
+
+    def __init__(self, *, cwd: str, grace_seconds: float, stop: StopRequest, console: Console) -> None:
+        self._cwd, self._grace, self._stop, self._console = cwd, grace_seconds, stop, console
+        self._exits: "queue.Queue[tuple[int, int]]" = queue.Queue()
+        self.nodes: list[LocalNode] = []
+        self._waiting: set[int] = set()
+
+    def start(self, launches: Sequence[NodeLaunch], before_launch: Callable[[], None] = lambda: None) -> None:
         before_launch()
         for launch in launches:
-            nodes.append(LocalNode(launch, cwd, console, exits))
-        waiting = {n.node_rank for n in nodes}
+            self.nodes.append(LocalNode(launch, self._cwd, self._console, self._exits))
+        self._waiting = {n.node_rank for n in self.nodes}
+
+    def wait(self, *, deadline: Optional[float] = None,
+             watch: Optional[Callable[[], Optional[tuple[int, str]]]] = None, watch_seconds: float = 1.0,
+             failure: Optional[Callable[[], Optional[tuple[int, int, str]]]] = None) -> GangOutcome:
         next_watch = time.monotonic() + watch_seconds
-        while waiting:
-            if stop.requested:
-                return GangOutcome("stopped", signum=stop.signum)
+        while self._waiting:
+            if self._stop.requested:
+                return GangOutcome("stopped", signum=self._stop.signum)
             if deadline is not None and time.monotonic() >= deadline:
                 return GangOutcome("deadline")
             if watch is not None and time.monotonic() >= next_watch:
@@ -241,15 +239,22 @@ def run_gang(
                 stalled = watch()
                 if stalled is not None:
                     return GangOutcome("stalled", node_rank=stalled[0], message=stalled[1])
+            if failure is not None:
+                seen = failure()
+                if seen is not None:
+                    return GangOutcome("failed", node_rank=seen[0], exit_code=seen[1],
+                                       message=seen[2], in_place=True)
             try:
-                rank, code = exits.get(timeout=POLL_SECONDS)
+                rank, code = self._exits.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 continue
-            waiting.discard(rank)
+            self._waiting.discard(rank)
             if code != 0:
                 # The queue orders exits as the waiter threads saw them: the first failure
                 # decides, the peers that fail after it (they lost a rank) do not.
                 return GangOutcome("failed", node_rank=rank, exit_code=code)
         return GangOutcome("succeeded")
-    finally:
-        stop_nodes(nodes, grace_seconds, stop)
+
+    def stop(self) -> None:
+        stop_nodes(self.nodes, self._grace, self._stop)
+        self.nodes = []

@@ -1,5 +1,6 @@
 """The operator's half of the in-place gang restart (docs/contract.md, "In-place restart"):
-reading a pod entry point's state and ordering it to start the next attempt.
+reading a pod entry point's state and ordering it to start the next attempt. `ddpjob run`
+(local/in_place.py) plays the operator with the same requests, so its nodes answer as pods do.
 
 Both are HTTP/1.0 requests to the pod's own IP on the progress port. What a pod answers comes
 from whoever wrote the job's command, so it is bounded as the progress answer is
