@@ -23,7 +23,7 @@ import base64
 import os
 import subprocess
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import yaml
 
@@ -83,10 +83,10 @@ def setup_documents(role: dict) -> list[dict]:
     ]
 
 
-def operator_argv(binary: Path, cert_dir: Path) -> list[str]:
+def operator_argv(binary: Path, cert_dir: Path, extra_flags: Sequence[str] = ()) -> list[str]:
     """The binary in a private mount namespace where ``cert_dir`` is its serving-certs folder."""
     flags = ["--enable-scheme=pytorchjob", "--metrics-bind-address=0", "--health-probe-bind-address=0",
-             f"--webhook-server-port={free_port()}"]
+             f"--webhook-server-port={free_port()}", *extra_flags]
     script = (f"mkdir -p {CERT_DIR} && mount --bind {cert_dir} {CERT_DIR} && "
               f'exec {binary} "$@"')
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "training-operator", *flags]
@@ -96,8 +96,9 @@ class TrainingOperator:
     """``start()`` installs what it needs (idempotent) and starts it; ``stop()``; ``pid``."""
 
     def __init__(self, kubectl: Kubectl, server: str, ca_cert: Path, run_dir: Path,
-                 register: Optional[Callable[[ManagedProcess], None]] = None):
+                 register: Optional[Callable[[ManagedProcess], None]] = None, extra_flags: Sequence[str] = ()):
         self.folder = build()
+        self.extra_flags = tuple(extra_flags)
         self.kubectl = kubectl
         self.server, self.ca_cert = server, ca_cert
         self.run_dir = run_dir / "training-operator"
@@ -142,7 +143,7 @@ class TrainingOperator:
             stale.unlink()
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "MY_POD_NAMESPACE": NAMESPACE}
         self.process = ManagedProcess("training-operator",
-                                      operator_argv(self.folder / "training-operator", self.cert_dir),
+                                      operator_argv(self.folder / "training-operator", self.cert_dir, self.extra_flags),
                                       self.run_dir / "training-operator.log", env=env).start()
         if self.register:
             self.register(self.process)

@@ -310,7 +310,24 @@ def start_training_operator(context: str, run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
     ca_cert = run_dir / "ca.crt"
     ca_cert.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
-    return TrainingOperator(kubectl, cluster["server"], ca_cert, run_dir).start()
+    template = run_dir / "init-pytorch.yaml"
+    template.write_text(INIT_CONTAINER_TEMPLATE.replace("IMAGE", IMAGE))
+    return TrainingOperator(kubectl, cluster["server"], ca_cert, run_dir,
+                            extra_flags=[f"--pytorch-init-container-template-file={template}"]).start()
+
+
+#: The training-operator adds an init container to a PyTorchJob's Worker pods that waits for the
+#: master's name to resolve: `nslookup` in alpine:3.10, which kind cannot pull here (no
+#: registry). The same wait, in the trainer image (already on the nodes) and in Python; the
+#: operator fills in the master's address and its default of 100 tries, 2 s apart, as its own
+#: template does (pkg/controller.v1/pytorch/initcontainer.go). Its 20 MiB memory limit would not
+#: hold a Python process: no limit here.
+INIT_CONTAINER_TEMPLATE = """\
+- name: init-pytorch
+  image: IMAGE
+  imagePullPolicy: IfNotPresent
+  command: ["python", "-c", "import socket, sys, time\\nfor _ in range({{.MaxTries}}):\\n    try:\\n        socket.getaddrinfo('{{.MasterAddr}}', None); sys.exit(0)\\n    except OSError:\\n        print('waiting for master', flush=True); time.sleep(2)\\nsys.exit(1)"]
+"""
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
