@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpjob import contract
-from ddptrainer import summary
+from ddptrainer import pod_entry, summary
 from ddptrainer.pod_entry import (NodeEnv, PodArgs, PodUsageError, choose_exit_code,
                                   normalize_exit_code, parse_pod_args, read_node_env,
                                   torchrun_argv)
@@ -212,3 +212,24 @@ def test_the_pods_first_line_is_the_mark_of_its_first_attempt(capsys, tmp_path, 
     assert run not in repr(env)
     assert pod_entry.run(["--rendezvous-timeout-seconds", "0"], env) == int(contract.ExitCode.BAD_CONFIG)
     assert contract.parse_attempt_mark(capsys.readouterr().err.splitlines()[0])[1] != run  # random per start
+
+
+def test_torchrun_and_the_workers_get_the_address_the_master_resolved_to():
+    # torch's store looks a name up for IPv6 first: where the DNS forwards unknown names to a
+    # server that does not answer, every store connection by name waits seconds (kind here)
+    node = pod_entry._with_master_address(NodeEnv(nnodes=2, node_rank=1, master_addr="job-node-0.job.ns.svc"),
+                                          "10.0.0.7")
+    assert torchrun_argv(PodArgs(), node, {"PET_RDZV_CONF": "x=1"}) == [
+        "--master-addr", "10.0.0.7", "-m", "ddptrainer.main"]
+    unresolved = pod_entry._with_master_address(NodeEnv(master_addr="m"), None)
+    assert torchrun_argv(PodArgs(), unresolved, {"PET_RDZV_CONF": "x=1"}) == ["-m", "ddptrainer.main"]
+    local = pod_entry._with_master_address(NodeEnv(master_addr="127.0.0.1"), "127.0.0.1")
+    assert local.master_address is None  # an address already: nothing to pass
+
+
+def test_resolve_address_answers_an_address_or_none_within_its_bound():
+    from ddptrainer.rendezvous_wait import resolve_address
+
+    assert resolve_address("127.0.0.1") == "127.0.0.1"
+    assert resolve_address("localhost") in ("127.0.0.1", "::1")
+    assert resolve_address("no-such-host.invalid", timeout_seconds=3.0) is None

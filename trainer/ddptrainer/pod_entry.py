@@ -36,6 +36,7 @@ from them.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import shutil
@@ -50,7 +51,7 @@ from ddpjob import contract
 from ddpjob.contract import ExitCode
 
 from . import init_guard, report, summary, warm_start
-from .rendezvous_wait import MasterUnreachable, wait_for_master, wait_for_master_attempt
+from .rendezvous_wait import MasterUnreachable, resolve_address, wait_for_master, wait_for_master_attempt
 from .restart_control import (EntryControl, RestartSettings, clear_progress, progress_reported,
                               read_restart_settings, stopper)
 from .summary import WorkerEnding
@@ -85,6 +86,9 @@ class NodeEnv:
     master_addr: Optional[str] = None
     master_port: int = contract.DEFAULT_MASTER_PORT
     rendezvous_timeout_seconds: int = DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS
+    #: What master_addr resolved to for this attempt (None: not resolved, or an address
+    #: already): torchrun's --master-addr and the workers' MASTER_ADDR (_with_master_address).
+    master_address: Optional[str] = None
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -197,6 +201,8 @@ def torchrun_argv(pod: PodArgs, node: NodeEnv, environ: Mapping[str, str],
     """torchrun's own argv: PET_* come from the environment, we add only the rendezvous bound;
     with ``warm``, each worker starts through the pod's warm process (ddptrainer/warm_start.py)."""
     argv: list[str] = []
+    if node.master_address:
+        argv += ["--master-addr", node.master_address]  # what PET_MASTER_ADDR resolved to
     static = (environ.get("PET_RDZV_BACKEND") or "static") == "static"
     if node.master_addr and static and not environ.get("PET_RDZV_CONF"):
         # The static rendezvous waits 600 s by default for every node's agent; bound it too.
@@ -372,14 +378,19 @@ def _run_attempt(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
     """One attempt: wait for the master (nodes other than 0), run the workers, read their end."""
     summary_dir = _summary_dir()
     try:
+        address: Optional[str] = None
         if node.node_rank != 0 and node.master_addr:
             if control is not None:
                 wait_for_master_attempt(node.master_addr, _master_progress_port(env), attempt,
                                         node.rendezvous_timeout_seconds, _log)
             waited = wait_for_master(node.master_addr, node.master_port,
                                      node.rendezvous_timeout_seconds, _log)
+            address = waited.address
             _log(f"master {node.master_addr}:{node.master_port} is up ({waited.address}); "
                  "starting torchrun")
+        elif node.master_addr:
+            address = resolve_address(node.master_addr)  # node 0's own name
+        node = _with_master_address(node, address)
         if summary_dir:
             os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
         else:
@@ -398,6 +409,17 @@ def _run_attempt(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
         os.environ.pop(contract.DDPJOB_STACKS_DIR, None)
         if summary_dir:
             shutil.rmtree(summary_dir, ignore_errors=True)
+
+
+def _with_master_address(node: NodeEnv, address: Optional[str]) -> NodeEnv:
+    """The node with its master as the address the name resolved to, for torchrun and the
+    workers (their MASTER_ADDR): torch's store looks a name up for IPv6 first, and in a cluster
+    whose DNS forwards what it does not know to a server that does not answer (an offline one;
+    kind here), that walk of the search list costs seconds for every store connection, each
+    attempt (docs/contract.md). Where the name does not resolve (yet), it stays."""
+    if not address or not node.master_addr or address == node.master_addr:
+        return node
+    return dataclasses.replace(node, master_address=address)
 
 
 def _offer_stacks(control: Optional[EntryControl], summary_dir: Optional[str]) -> None:
@@ -568,7 +590,10 @@ def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str],
     # Only a group we lead is ours to signal (a pod's first process, a `ddpjob run` node);
     # started inside someone else's group, the script gets a group of its own instead.
     leader = os.getpgrp() == os.getpid()
-    child = subprocess.Popen(argv, start_new_session=not leader)
+    child_env = dict(os.environ)
+    if node.master_address:
+        child_env[contract.MASTER_ADDR] = node.master_address  # (_with_master_address)
+    child = subprocess.Popen(argv, start_new_session=not leader, env=child_env)
     group = os.getpgrp() if leader else child.pid
 
     terminated: list[int] = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -89,6 +90,26 @@ def wait_for_master(host: str, port: int, timeout_seconds: float,
                 f"({attempts} attempts): {problem}")
         sleep(max(0.0, min(interval, deadline - now)))
         interval = min(interval * 2, max_interval)
+
+
+def resolve_address(host: str, timeout_seconds: float = 2.0) -> Optional[str]:
+    """``host``'s first address (as ``probe`` connects: any family, the resolver's order), or
+    None when it does not resolve within the bound (the lookup runs on a daemon thread: glibc's
+    has no deadline of its own). An address is returned as it is."""
+    found: list[Optional[str]] = [None]
+
+    def look_up() -> None:
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return
+        if infos:
+            found[0] = str(infos[0][4][0])
+
+    thread = threading.Thread(target=look_up, name="resolve-master", daemon=True)
+    thread.start()
+    thread.join(timeout_seconds)
+    return found[0]
 
 
 def ask_attempt(host: str, port: int, timeout: float = 2.0) -> tuple[Optional[EntryState], str]:
