@@ -21,7 +21,8 @@ from tests.testbed.operator_runner import OPERATOR_NAMESPACE, OPERATOR_SERVICE_A
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
     EXAMPLES, ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, as_user, checkpoint_steps, ddpjob_manifest,
-    e2e, gate_command, grant, hostpath_volume, open_gate, trainer_events, user_name, wait_until_allowed,
+    e2e, gate_command, grant, hostpath_volume, kill_training_worker, open_gate, trainer_events, user_name,
+    wait_until_allowed,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.kueue]
@@ -165,6 +166,11 @@ def test_two_jobs_compete_for_a_quota_of_one_gang(e2e, queue, shared_host_dir):
     queue.make(cpu="2")
     e2e.create(gated_job(e2e, "first", queue.name, shared_host_dir))
     e2e.wait_for_phase("first", "Running", TIMEOUT)
+    # every pod ready: the Workload says so, as waitForPodsReady needs (Kueue reads only this)
+    e2e.cluster.wait_for(lambda: _condition(workload(e2e, "first"), "PodsReady"), TIMEOUT,
+                         "PodsReady True on the first job's Workload", interval=0.2)
+    ready, = [c for c in workload(e2e, "first")["status"]["conditions"] if c["type"] == "PodsReady"]
+    assert ready["reason"] == "Started", ready
     with PodRecorder(e2e, "second") as second_pods:
         e2e.create(gated_job(e2e, "second", queue.name, shared_host_dir))
         queued = e2e.wait_for_status(
@@ -366,6 +372,52 @@ def test_preemption_stops_the_gang_gracefully_and_it_resumes_from_its_checkpoint
     done, = trainer_events(log, "done")
     assert int(done["step"]) == int(done["total_steps"]) == total_steps, done
     assert _condition(workload(e2e, "train"), "Finished")
+
+
+def test_an_in_place_restart_keeps_the_admission_and_pods_ready_recovers(e2e, queue, shared_host_dir):
+    """A killed rank of an admitted job: the same pods restart in place under the same
+    Workload, never queued again; its PodsReady goes True (Started), False (WaitForRecovery)
+    and True (Recovered), which is what waitForPodsReady's recoveryTimeout reads."""
+    queue.make(cpu="2")
+    ckpt = Path(shared_host_dir) / "checkpoints"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    e2e.create(queued_manifest(
+        e2e, "train", queue.name, env=ONE_THREAD_ENV, failurePolicy={"maxRestarts": 1},
+        args=[*TINY_TRAINING_ARGS, "--fake-size=3200", "--batch-size=16", "--epochs=2",
+              "--log-every=20", "--checkpoint-dir=/checkpoints", "--checkpoint-every=20"],
+        volumeMounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
+        template={"spec": {"volumes": [hostpath_volume("checkpoints", str(ckpt))],
+                           "terminationGracePeriodSeconds": 5}}))
+    e2e.wait_for_phase("train", "Running", TIMEOUT)
+    e2e.cluster.wait_for(lambda: checkpoint_steps(e2e, str(ckpt), "train-node-0", "/checkpoints"),
+                         TRAINING_TIMEOUT, "the first checkpoint", interval=0.2)
+    e2e.cluster.wait_for(lambda: _condition(workload(e2e, "train"), "PodsReady"), TIMEOUT,
+                         "PodsReady True", interval=0.2)
+    admitted = workload(e2e, "train")
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in e2e.pods("train")}
+    reasons: list[str] = []
+
+    def pods_ready_reason() -> str:  # the client, not kubectl: a poll every ~0.1 s
+        current = e2e.custom.get_namespaced_custom_object(
+            kueue_api.GROUP, kueue_api.VERSION, e2e.namespace, kueue_api.WORKLOAD_PLURAL, "ddpjob-train")
+        found = [c for c in (current.get("status") or {}).get("conditions") or () if c["type"] == "PodsReady"]
+        reason = f"{found[0]['status']}/{found[0]['reason']}" if found else "-"
+        if not reasons or reasons[-1] != reason:
+            reasons.append(reason)
+        return reason
+
+    e2e.cluster.wait_for(lambda: kill_training_worker(e2e, "train", node_rank=1), 30,
+                         "node 1's training process to kill", interval=0.1)
+    e2e.cluster.wait_for(lambda: pods_ready_reason() == "True/Recovered", TRAINING_TIMEOUT,
+                         "PodsReady True again, reason Recovered", interval=0.1)
+    status = e2e.wait_until_finished("train", TRAINING_TIMEOUT)
+    assert status["phase"] == "Succeeded" and status["restarts"] == 1, status
+    assert status["failureHistory"][0]["restartMode"] == "InPlace", status
+    after = workload(e2e, "train")
+    assert after["metadata"]["uid"] == admitted["metadata"]["uid"]  # the same admission
+    assert not _condition(after, "Evicted") and not _condition(after, "Requeued"), after
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in e2e.pods("train")} == pods
+    assert "False/WaitForRecovery" in reasons, reasons  # seen between the kill and the recovery
 
 
 def test_the_example_file_is_admitted_by_the_real_kueue(e2e, kueue, watched):

@@ -444,3 +444,62 @@ def test_a_namesake_workload_of_another_object_is_waited_out_not_taken():
     assert "belongs to another object" in kube.status["message"]
     run(kube, memory, [])                           # gone by garbage collection
     assert ("create_workload", "ddpjob-train", 2) in kube.log
+
+
+# --- PodsReady, which Kueue's waitForPodsReady reads ---------------------------------------------
+def pods_ready_of(patch):
+    if patch is None:
+        return None
+    found = [c for c in patch["status"]["conditions"] if c["type"] == kueue.PODS_READY]
+    return (found[0]["status"], found[0]["reason"]) if found else None
+
+
+def with_pods_ready(status: bool, reason: str):
+    return kueue.view_workload(workload(cond("QuotaReserved", True), cond("Admitted", True),
+                                        cond(kueue.PODS_READY, status, reason), admission=True))
+
+
+def test_pods_ready_follows_the_gang_through_an_in_place_restart_as_kueues_own_reconciler_would():
+    running = JobStatus(phase="Running")
+    # admitted, the pods starting: no condition, which Kueue reads as WaitForStart (its startup
+    # timeout counts); no write for it
+    assert kueue.workload_status_update(job(), running, ADMITTED, 2, NOW) is None
+    waiting = with_pods_ready(False, "WaitForStart")
+    assert kueue.workload_status_update(job(), running, waiting, 2, NOW) is None  # nothing new: no write
+    # every pod ready: Started
+    assert pods_ready_of(kueue.workload_status_update(job(), running, waiting, 2, NOW, True)) == ("True", "Started")
+    assert pods_ready_of(kueue.workload_status_update(job(), running, ADMITTED, 2, NOW, True)) == ("True", "Started")
+    started = with_pods_ready(True, "Started")
+    assert kueue.workload_status_update(job(), running, started, 2, NOW, True) is None
+    # a rank failed, the pods stay (in place) but their readiness dropped: WaitForRecovery, so
+    # that only waitForPodsReady.recoveryTimeout, not the startup timeout, applies
+    assert pods_ready_of(kueue.workload_status_update(job(), running, started, 2, NOW, False)) == ("False", "WaitForRecovery")
+    recovering = with_pods_ready(False, "WaitForRecovery")
+    assert kueue.workload_status_update(job(), running, recovering, 2, NOW, False) is None
+    # the next attempt's pods ready again: Recovered
+    assert pods_ready_of(kueue.workload_status_update(job(), running, recovering, 2, NOW, True)) == ("True", "Recovered")
+
+
+def test_a_queued_workload_gets_no_pods_ready_write_and_an_evicted_one_starts_over():
+    assert kueue.workload_status_update(job(), JobStatus(phase="Queued"), PENDING, 0, NOW) is None
+    evicted_then_readmission_pending = kueue.view_workload(workload(
+        cond("QuotaReserved", False, "Pending"), cond(kueue.PODS_READY, True, "Started")))
+    patch = kueue.workload_status_update(job(), JobStatus(phase="Queued"), evicted_then_readmission_pending, 0, NOW)
+    assert pods_ready_of(patch) == ("False", "WaitForStart")
+    # evicted: nothing while its gang stops; the quota given back resets it with the rest
+    ready_then_evicted = kueue.view_workload(workload(
+        cond("QuotaReserved", True), cond("Admitted", True), cond("Evicted", True, "Preempted"),
+        cond(kueue.PODS_READY, True, "Started"), admission=True))
+    assert kueue.workload_status_update(job(), JobStatus(phase="Running"), ready_then_evicted, 2, NOW, False) is None
+    patch = kueue.workload_status_update(job(), JobStatus(phase="Queued"), ready_then_evicted, 0, NOW)
+    assert pods_ready_of(patch) == ("False", "WaitForStart") and patch["status"]["admission"] is None
+
+
+def test_gang_ready_counts_ready_or_succeeded_pods_of_the_attempt_only():
+    two = job()
+    ready = [pod_view(0, container_ready=True), pod_view(1, container_ready=True)]
+    assert kueue.gang_ready(two, 0, ready)
+    assert not kueue.gang_ready(two, 0, [ready[0], pod_view(1, container_ready=False)])
+    assert kueue.gang_ready(two, 0, [ready[0], pod_view(1, phase="Succeeded")])
+    assert not kueue.gang_ready(two, 1, ready)  # the attempt's pods, not the last one's
+    assert not kueue.gang_ready(two, 0, [ready[0], pod_view(1, container_ready=True, owner_uid="someone-else")])

@@ -14,6 +14,11 @@ frameworks built into Kueue (sigs.k8s.io/kueue v0.17 pkg/controller/jobframework
   it again. The next admission creates the next attempt, which resumes from the checkpoint;
 * finished (Succeeded/Failed): set the Workload's ``Finished`` condition, which releases its
   quota at once;
+* running: keep the Workload's ``PodsReady`` condition, which Kueue's ``waitForPodsReady``
+  reads (``pods_ready_condition``, generatePodsReadyCondition's rules): False ``WaitForStart``
+  until every pod of the gang is ready, True ``Started``; False ``WaitForRecovery`` while a pod
+  is not (a restart in place, whose pods' readiness drops for its seconds), True ``Recovered``
+  again. Without it Kueue would evict every DDPJob after ``waitForPodsReady.timeout``;
 * changed (``standing``): a Workload that no longer describes the pods the job would create
   (nnodes, the pod template, the LocalQueue: a queued job edited, a suspended one reshaped) is
   deleted once the job has no pod left and a new one is created, i.e. the job queues again, as
@@ -59,6 +64,11 @@ ADMITTED = "Admitted"
 EVICTED = "Evicted"
 FINISHED = "Finished"
 REQUEUED = "Requeued"
+PODS_READY = "PodsReady"
+WAIT_FOR_START, WAIT_FOR_RECOVERY, STARTED, RECOVERED = "WaitForStart", "WaitForRecovery", "Started", "Recovered"
+_NOT_READY = "Not all pods are ready or succeeded"
+_WAITING_FOR_RECOVERY = "At least one pod has failed, waiting for recovery"
+_READY = "All pods reached readiness and the workload is running"
 # Evictions after which Kueue's own reconciler marks the Workload Requeued=True.
 _REQUEUE_REASONS = ("Preempted", "NodeFailures")
 
@@ -291,7 +301,7 @@ def pod_flavors(place: Standing, creating: bool) -> tuple[str, ...]:
 
 
 def plan_workload(job: spec.DDPJob, status: JobStatus, place: Standing, book: WorkloadBook,
-                  pods_left: int, now: dt.datetime) -> Optional[WorkloadPlan]:
+                  pods_left: int, now: dt.datetime, pods_ready: bool = False) -> Optional[WorkloadPlan]:
     """What to do about the job's Workload once the pass has written ``status`` (None: the job
     is not queued and owns no Workload). It is created if the watch has not shown it (once per
     job: "already exists" is success), or again when it was seen and is gone since (someone
@@ -309,11 +319,11 @@ def plan_workload(job: spec.DDPJob, status: JobStatus, place: Standing, book: Wo
     return WorkloadPlan(create=create, queue=place.queue if create else None, delete=delete,
                         priority_class=priority_class(job) if create else None,
                         status_patch=None if delete else workload_status_update(
-                            job, status, workload, pods_left, now))
+                            job, status, workload, pods_left, now, pods_ready))
 
 
 def workload_status_update(job: spec.DDPJob, status: JobStatus, workload: Optional[WorkloadView],
-                           pods_left: int, now: dt.datetime) -> Optional[dict[str, Any]]:
+                           pods_left: int, now: dt.datetime, pods_ready: bool = False) -> Optional[dict[str, Any]]:
     """The Workload status to write after this pass (the body of a merge patch that carries
     the observed resourceVersion, so a write over a newer Kueue update fails and is retried),
     or None.
@@ -344,8 +354,50 @@ def workload_status_update(job: spec.DDPJob, status: JobStatus, workload: Option
         if workload.is_true(ADMITTED):
             _set(conditions, ADMITTED, False, "NoReservation", "The workload has no reservation",
                  workload.generation, now)
+        if workload.condition(PODS_READY) is not None:  # the next admission's pods start over
+            _set(conditions, PODS_READY, False, WAIT_FOR_START, _NOT_READY, workload.generation, now)
         return _patch(workload, {"conditions": conditions, "admission": None})
+    wanted = pods_ready_condition(workload, pods_ready)
+    if wanted is not None:
+        _set(conditions, PODS_READY, *wanted, workload.generation, now)
+        return _patch(workload, {"conditions": conditions})
     return None
+
+
+def pods_ready_condition(workload: WorkloadView, pods_ready: bool) -> Optional[tuple[bool, str, str]]:
+    """The ``PodsReady`` condition (status, reason, message) the Workload should have, when it
+    differs from what it has; None otherwise. Kueue's generatePodsReadyCondition
+    (pkg/controller/jobframework/reconciler.go), with one saving: no condition is written where
+    there is none and it would say WaitForStart, which Kueue's workload controller reads the
+    same as none (admittedNotReadyWorkload); that write would cost every job a request. An
+    evicted Workload is left alone: its gang is being stopped."""
+    current = workload.condition(PODS_READY)
+    reason = str((current or {}).get("reason") or "")
+    if workload.is_true(ADMITTED) and workload.is_true(EVICTED):
+        return None
+    if not workload.is_true(ADMITTED):
+        wanted = (False, WAIT_FOR_START, _NOT_READY)  # a readmission starts over
+    elif pods_ready:
+        wanted = (True, RECOVERED if reason in (WAIT_FOR_RECOVERY, RECOVERED) else STARTED, _READY)
+    elif current is not None and (current.get("status") == "True" or reason == WAIT_FOR_RECOVERY):
+        wanted = (False, WAIT_FOR_RECOVERY, _WAITING_FOR_RECOVERY)
+    else:
+        wanted = (False, WAIT_FOR_START, _NOT_READY)
+    if current is None:
+        return wanted if wanted[1] != WAIT_FOR_START else None
+    if current.get("status") == ("True" if wanted[0] else "False") and reason == wanted[1]:
+        return None
+    return wanted
+
+
+def gang_ready(job: spec.DDPJob, attempt: int, pods: Sequence[Any]) -> bool:
+    """Kueue's ``PodsReady`` for a DDPJob: every node of the attempt has a pod that is Ready
+    (its container's readiness: the entry point's ``/ready`` where it serves one) or Succeeded,
+    as Kueue counts a batch Job's ready and succeeded pods against its parallelism."""
+    ranks = {p.node_rank for p in pods
+             if p.attempt == attempt and (job.uid is None or p.owner_uid == job.uid) and not p.deleting
+             and ((p.phase == "Running" and p.container_ready) or p.phase == "Succeeded")}
+    return len(ranks) >= job.spec.nnodes
 
 
 def _patch(workload: WorkloadView, status: dict[str, Any]) -> dict[str, Any]:

@@ -510,7 +510,8 @@ def _act_on_workload(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView
     learn (finished, or the quota given back after an eviction)."""
     book = memory.workload
     left = kueue.pods_of(job, [p for p in pods if p.uid not in memory.gone_uids])
-    step = kueue.plan_workload(job, status, place, book, left, now)
+    ready = kueue.gang_ready(job, status.restartAttempt, [p for p in pods if p.uid not in memory.gone_uids])
+    step = kueue.plan_workload(job, status, place, book, left, now, ready)
     if step is None:
         return
     if place.workload is not None or place.namesake is not None:
