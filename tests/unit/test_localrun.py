@@ -321,6 +321,9 @@ def test_dry_run_prints_each_nodes_command_and_environment(tmp_path, capsys, mon
     assert "command: ddptrain-pod --epochs 1" in out
     assert "MASTER_ADDR=127.0.0.1" in out and "NODE_RANK=1" in out
     assert "API_KEY=<from your environment>" in out and "s3cret" not in out
+    # the entry point restarts in place: the variables it will get, its port on loopback
+    assert "DDPJOB_RESTART_MODE=InPlace" in out and "DDPJOB_PROGRESS_ADDRESS=127.0.0.1" in out
+    assert "DDPJOB_RESTART_TOKEN=<a token of each run>" in out
 
 
 def test_one_run_is_one_job_uid_shared_by_its_nodes_and_new_for_the_next_run(tmp_path, capsys):

@@ -416,7 +416,7 @@ def _with_master_address(node: NodeEnv, address: Optional[str]) -> NodeEnv:
     workers (their MASTER_ADDR): torch's store looks a name up for IPv6 first, and in a cluster
     whose DNS forwards what it does not know to a server that does not answer (an offline one;
     kind here), that walk of the search list costs seconds for every store connection, each
-    attempt (docs/contract.md). Where the name does not resolve (yet), it stays."""
+    attempt (docs/trainer.md). Where the name does not resolve (yet), it stays."""
     if not address or not node.master_addr or address == node.master_addr:
         return node
     return dataclasses.replace(node, master_address=address)

@@ -301,9 +301,12 @@ def print_dry_run(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Map
           f"the paths under {setup.scratch_dir} are examples: a run binds a fresh port for each attempt and makes "
           "its own uid and scratch directory. Only the job's variables are shown; each node also inherits this "
           "shell's environment (less PET_* and the names the job sets).")
+    # In-place restarts: each node's port and token are made per run, as the master port is.
+    controls = ([NodeControl(c.port, "<a token of each run>") for c in in_place.new_controls(job.spec.nnodes)]
+                if in_place.applies(job.spec) else None)
     for rank in range(job.spec.nnodes):
         job_env = job_environment(job, node_rank=rank, master_port=port, restart_attempt=0,
-                                  setup=setup, environ=environ)
+                                  setup=setup, environ=environ, controls=controls)
         print(f"node {rank}:")
         print(f"  cwd: {workdir}")
         print(f"  command: {shlex.join(node_command(job.spec, job_env, setup.mounts))}")
