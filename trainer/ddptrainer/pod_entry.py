@@ -526,13 +526,15 @@ def _attempts(pod: PodArgs, node: NodeEnv, env: Mapping[str, str], control: Entr
         if control.ordered is None:
             if code == 0 or contract.is_permanent_exit(code, restart.permanent_codes):
                 return code, message
-            control.fail(code, message, reported=progress_reported(env.get(contract.DDPJOB_PROGRESS_DIR)))
-            if warm is not None:
-                warm.start()  # its import overlaps the wait for the order and the peers' stop
-            _write_termination(pod, node.node_rank, env, code, message)
-            _log(f"attempt {attempt} failed (exit {code}); waiting up to "
-                 f"{restart.wait_seconds}s for a restart order")
+            # From the failed state on (the operator may see it at once), a SIGTERM is the
+            # kubelet's while this pod waits: the message must say so, wherever it lands.
             try:
+                control.fail(code, message, reported=progress_reported(env.get(contract.DDPJOB_PROGRESS_DIR)))
+                if warm is not None:
+                    warm.start()  # its import overlaps the wait for the order and the peers' stop
+                _write_termination(pod, node.node_rank, env, code, message)
+                _log(f"attempt {attempt} failed (exit {code}); waiting up to "
+                     f"{restart.wait_seconds}s for a restart order")
                 ordered = control.wait_for_order(restart.wait_seconds)
             except _Terminated as e:
                 raise _Terminated(e.signum, f"stopped by signal {e.signum} while waiting for a "
