@@ -160,6 +160,21 @@ def gated_job(e2e, name: str, queue: str, host_dir: str, **fields) -> dict:
         template={"spec": {"volumes": [hostpath_volume("gate", str(folder))]}}, **fields)
 
 
+def start_checkpointed(e2e, queue, ckpt: Path, *, epochs: int, grace: int, **fields) -> None:
+    """The queued job "train": the trainer with a checkpoint every 20 steps in ``ckpt``, once
+    admitted, Running and past its first checkpoint."""
+    e2e.create(queued_manifest(
+        e2e, "train", queue.name, env=ONE_THREAD_ENV,
+        args=[*TINY_TRAINING_ARGS, "--fake-size=3200", "--batch-size=16", f"--epochs={epochs}",
+              "--log-every=20", "--checkpoint-dir=/checkpoints", "--checkpoint-every=20"],
+        volumeMounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
+        template={"spec": {"volumes": [hostpath_volume("checkpoints", str(ckpt))],
+                           "terminationGracePeriodSeconds": grace}}, **fields))
+    e2e.wait_for_phase("train", "Running", TIMEOUT)
+    e2e.cluster.wait_for(lambda: checkpoint_steps(e2e, str(ckpt), "train-node-0", "/checkpoints"),
+                         TRAINING_TIMEOUT, "the first checkpoint", interval=0.2)
+
+
 def test_two_jobs_compete_for_a_quota_of_one_gang(e2e, queue, shared_host_dir):
     """Quota for one 2-node gang: the second job creates no pod and says it is queued, until
     the first finishes and gives its quota back; then it runs."""
@@ -336,16 +351,7 @@ def test_preemption_stops_the_gang_gracefully_and_it_resumes_from_its_checkpoint
     ckpt = Path(shared_host_dir) / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
     total_steps = 400
-    e2e.create(queued_manifest(
-        e2e, "train", queue.name, priority=low, env=ONE_THREAD_ENV,
-        args=[*TINY_TRAINING_ARGS, "--fake-size=3200", "--batch-size=16", "--epochs=4",
-              "--log-every=20", "--checkpoint-dir=/checkpoints", "--checkpoint-every=20"],
-        volumeMounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
-        template={"spec": {"volumes": [hostpath_volume("checkpoints", str(ckpt))],
-                           "terminationGracePeriodSeconds": 30}}))
-    e2e.wait_for_phase("train", "Running", TIMEOUT)
-    e2e.cluster.wait_for(lambda: checkpoint_steps(e2e, str(ckpt), "train-node-0", "/checkpoints"),
-                         TRAINING_TIMEOUT, "the first checkpoint", interval=0.2)
+    start_checkpointed(e2e, queue, ckpt, epochs=4, grace=30, priority=low)
     first_pod_uid = e2e.pod("train-node-0")["metadata"]["uid"]
 
     e2e.create(gated_job(e2e, "urgent", queue.name, shared_host_dir, priority=high))
@@ -381,16 +387,7 @@ def test_an_in_place_restart_keeps_the_admission_and_pods_ready_recovers(e2e, qu
     queue.make(cpu="2")
     ckpt = Path(shared_host_dir) / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
-    e2e.create(queued_manifest(
-        e2e, "train", queue.name, env=ONE_THREAD_ENV, failurePolicy={"maxRestarts": 1},
-        args=[*TINY_TRAINING_ARGS, "--fake-size=3200", "--batch-size=16", "--epochs=2",
-              "--log-every=20", "--checkpoint-dir=/checkpoints", "--checkpoint-every=20"],
-        volumeMounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
-        template={"spec": {"volumes": [hostpath_volume("checkpoints", str(ckpt))],
-                           "terminationGracePeriodSeconds": 5}}))
-    e2e.wait_for_phase("train", "Running", TIMEOUT)
-    e2e.cluster.wait_for(lambda: checkpoint_steps(e2e, str(ckpt), "train-node-0", "/checkpoints"),
-                         TRAINING_TIMEOUT, "the first checkpoint", interval=0.2)
+    start_checkpointed(e2e, queue, ckpt, epochs=2, grace=5, failurePolicy={"maxRestarts": 1})
     e2e.cluster.wait_for(lambda: _condition(workload(e2e, "train"), "PodsReady"), TIMEOUT,
                          "PodsReady True", interval=0.2)
     admitted = workload(e2e, "train")
