@@ -48,6 +48,19 @@ def parse(obj: dict) -> spec.DDPJob:
     return spec.DDPJob(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid"), spec=spec.DDPJobSpec(**fields))
 
 
+def apply_merge_patch(target: dict, patch: dict) -> dict:
+    """RFC 7386, as the API server applies a ``merge-patch+json`` body."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = apply_merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 class FakeKube:
     """Records requests in order; fails those it is told to."""
 
@@ -64,8 +77,9 @@ class FakeKube:
         self.log.append(("patch_status", status["phase"], status["reason"]))
         if self.status_error:
             raise self.status_error
-        self.status = status
-        return status
+        # As the API server does with a JSON merge patch: a null removes, a left-out key stays.
+        self.status = apply_merge_patch(self.status or {}, status)
+        return self.status
 
     def create_service(self, service):
         self.log.append(("create_service", service["metadata"]["name"]))

@@ -107,3 +107,12 @@ def test_reading_is_lenient_as_before():
 def test_the_same_codec_reads_and_writes_the_spec(name, manifest):
     job = parse_ddpjob(manifest)
     assert model.from_plain(type(job.spec), model.to_plain(job.spec)) == job.spec
+
+
+def test_a_merge_patch_removes_what_the_new_value_leaves_out_at_every_depth():
+    held = {"phase": "Running", "progress": {"eta": "1s", "step": 28}, "nodes": [{"a": 1}], "old": 1}
+    assert model.merge_patch({"phase": "Succeeded", "progress": {"step": 29}, "nodes": []}, held, None) == \
+        {"phase": "Succeeded", "progress": {"step": 29, "eta": None}, "nodes": [], "old": None}
+    # A key either held version had is removed; one the new value sets is never nulled.
+    assert model.merge_patch({"a": 1}, {"b": 1}, {"c": {"d": 1}}) == {"a": 1, "b": None, "c": None}
+    assert model.merge_patch({"p": {"x": 1}}, {"p": {"y": 1}}, {"p": {"z": 1}}) == {"p": {"x": 1, "y": None, "z": None}}

@@ -385,3 +385,32 @@ def test_after_a_restart_progress_and_eta_follow_the_resumed_position():
     assert all(p["attempt"] == 3 for p in shown)
     assert shown[-1]["summary"] == "51/50000 (0%)"
     assert shown[-1]["etaSeconds"] == (50000 - 51) * 10  # 10 s a step since the resumed gang's first report
+
+
+def test_a_job_that_succeeds_between_two_polls_shows_no_eta_on_the_server():
+    """The kind tier's report (Succeeded with ETA 1s in kubectl get): the status is a merge
+    patch, so the blank ETA of the finished job must be sent as a removal, not left out."""
+    settings = OperatorSettings(progress_poll_seconds=1, progress_status_interval_seconds=1)
+    kube, memory, clock = FakeKube(), JobMemory(), {"step": 28}
+
+    def poll(targets, port, timeout):
+        return [{r: progress.RankReport(rank=r, step=clock["step"], at=clock["now"], total_steps=32)
+                 for r in t.ranks} for t in targets]
+
+    def pass_at(seconds, phase):
+        clock["now"] = at(seconds)
+        seen_pods = [pod_view(r, phase, 0, exit_code=0 if phase == "Succeeded" else None,
+                              pod_ip=f"10.0.0.{r + 1}") for r in range(2)]
+        obj = body(status=kube.status or running_status(attempt=0).to_dict())
+        reconcile(obj, seen_pods, memory, kube=kube, settings=settings, post_event=lambda e: None,
+                  now=at(seconds), parse=parse, poll=poll)
+        return kube.status
+
+    pass_at(0, "Running")
+    clock["step"] = 29
+    running = pass_at(2, "Running")
+    assert running["progress"]["eta"] and running["progress"]["etaSeconds"]
+    done = pass_at(3, "Succeeded")
+    assert done["phase"] == "Succeeded"
+    assert "eta" not in done["progress"] and "etaSeconds" not in done["progress"], done["progress"]
+    assert done["progress"]["summary"].startswith("29/32")

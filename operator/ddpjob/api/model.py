@@ -11,8 +11,12 @@ Field facts the codec reads (both optional, status fields only today):
 
 * ``blank_is_unset``: an empty string means "not set" (as None does): left out when written,
   read back as the field's default.
-* ``patch_null``: an unset value is written as null instead of being left out, so that the
-  status, sent as a JSON merge patch, removes a field the operator cleared.
+* ``patch_null``: an unset value is written as null instead of being left out, even where
+  the writer does not know what the server holds.
+
+The status is sent as a JSON merge patch, in which a left-out key keeps its old value:
+``merge_patch`` adds a null for every key the server holds that the new value lacks, so that
+clearing any field (a blank ETA once the job is over) clears it on the server too.
 """
 from __future__ import annotations
 
@@ -183,6 +187,22 @@ def _decoder(hint: Any) -> Callable[[Any], Any]:
     if inner in _SCALARS:
         return inner
     return _identity  # a mapping or a raw Kubernetes fragment: as it is
+
+
+def merge_patch(new: Mapping[str, Any], *held: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) that turns what the server may hold (any of ``held``)
+    into ``new``: ``new`` itself, plus a null for each key of a held object that ``new`` leaves
+    out, at every depth where both sides are objects (lists are replaced whole)."""
+    out: dict[str, Any] = dict(new)
+    for old in held:
+        if not isinstance(old, AbcMapping):
+            continue
+        for key, was in old.items():
+            if key not in new:
+                out[key] = None
+            elif isinstance(was, AbcMapping) and isinstance(new[key], AbcMapping):
+                out[key] = merge_patch(out[key] if isinstance(out[key], AbcMapping) else new[key], was)
+    return out
 
 
 _R = typing.TypeVar("_R", bound="Record")

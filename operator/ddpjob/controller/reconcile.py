@@ -22,7 +22,7 @@ from ddpjob import contract
 from ddpjob import restart_orders
 from ddpjob.controller import builders, kueue, progress, stall_stacks
 from ddpjob.controller import metrics
-from ddpjob.api import goodput, node_exclusion
+from ddpjob.api import goodput, model, node_exclusion
 from ddpjob.api import progress as progress_reports
 from ddpjob.api import spec
 from ddpjob.api.status import RUNNING, STATUS_MESSAGE_LIMIT, JobStatus, shorten
@@ -359,7 +359,10 @@ def _parsed(body: Mapping[str, Any], memory: JobMemory, parse: Parse) -> spec.DD
 
 def _write_status(body: Mapping[str, Any], new: JobStatus, memory: JobMemory, kube: KubeApi) -> None:
     meta = body["metadata"]
-    kube.patch_status(meta["namespace"], meta["name"], new.to_dict())
+    # Nulls for what the new status leaves out, against both what the event showed and what
+    # this worker last wrote (either may be the newer): a merge patch keeps a left-out key.
+    held = memory.status.to_dict() if memory.status is not None else None
+    kube.patch_status(meta["namespace"], meta["name"], model.merge_patch(new.to_dict(), body.get("status"), held))
     memory.status = new
 
 
