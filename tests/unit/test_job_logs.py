@@ -9,6 +9,7 @@ import pytest
 
 from ddpjob import contract
 from ddpjob.api import names
+from ddpjob.cli import logs as logs_command
 from ddpjob.cli.main import build_parser
 from ddpjob.client import cluster, job_logs
 from ddpjob.client.job_logs import (MAX_LINE_BYTES, LineSplitter, NodePod, PodLogParser, format_line, job_pods,
@@ -22,9 +23,11 @@ JOB = {"apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name
 
 
 def pod(rank: int, *, attempt: int = 0, first: int = 0, uid: str = "uid-1", name: str = "", job: str = "train",
-        controller: bool = True) -> dict:
-    return {"metadata": {
-        "name": name or names.node_pod_name(job, rank),
+        controller: bool = True, pod_uid: str = "", restarts: int = 0) -> dict:
+    return {"status": {"containerStatuses": [{"name": names.CONTAINER_NAME, "restartCount": restarts,
+                                              "state": {"running": {}}}]},
+            "metadata": {
+        "name": name or names.node_pod_name(job, rank), "uid": pod_uid or f"pod-{rank}",
         "labels": {names.LABEL_JOB_NAME: job, names.LABEL_NODE_RANK: str(rank),
                    names.LABEL_RESTART_ATTEMPT: str(attempt)},
         "ownerReferences": [{"apiVersion": names.GROUP_VERSION, "kind": "DDPJob", "name": job, "uid": uid,
@@ -52,7 +55,7 @@ def test_only_the_jobs_own_pods_are_read():
             pod(1, controller=False),  # owned, but not as the controller
             pod(2, name="train-node-2-copy"),  # not a name the operator gives
             pod(0, job="other")]
-    assert job_pods(JOB, pods) == [NodePod(0, "train-node-0", 0, 1), NodePod(1, "train-node-1", 0, 1)]
+    assert job_pods(JOB, pods) == [NodePod(0, "train-node-0", 0, 1, uid="pod-0"), NodePod(1, "train-node-1", 0, 1, uid="pod-1")]
     assert job_pods({**JOB, "metadata": {"name": "train"}}, [pod(0)]) == []  # no uid: nothing is the job's
     garbled = pod(0)
     garbled["metadata"]["labels"][names.LABEL_NODE_RANK] = "zero"
@@ -193,18 +196,38 @@ LOGS = {"train-node-0": stamp(0, contract.attempt_mark(0, RUN)) + stamp(1, "n0 a
         + stamp(3, contract.attempt_mark(1, "a" * 16)) + stamp(6, "n1 a1")}
 
 
-def run_logs(monkeypatch, *argv, pods=None, logs=LOGS):
+FINISHED = {**JOB, "status": {"phase": "Succeeded"}}
+
+
+def run_logs(monkeypatch, *argv, pods=None, logs=LOGS, jobs=None, later_pods=None, pod_log=None):
+    """``jobs``: what get_job answers, call by call (the first is read_job's; then, once these
+    run out, the job is Succeeded); ``later_pods``: what the node's listings after the first
+    answer (-f looking for a node's next run), call by call."""
+    given_pod_log = pod_log
+    answers = iter(jobs or [JOB])
+    later = iter(later_pods or [])
+    listed = pods if pods is not None else [pod(0, attempt=1), pod(1, attempt=1), pod(0, uid="evil")]
+    # Once ``later_pods`` runs out, the node's listing stays its last one (a recreated pod
+    # does not give way to the one it replaced).
+    node_listing = [listed]
+
+    def list_node(selector):
+        if names.LABEL_NODE_RANK not in selector:
+            return listed
+        node_listing[0] = next(later, node_listing[0])
+        return node_listing[0]
+
     monkeypatch.setattr(cluster, "connect", lambda kubeconfig, context: object())
-    monkeypatch.setattr(cluster, "get_job", lambda conn, ns, name: JOB)
-    monkeypatch.setattr(cluster, "list_pods", lambda conn, ns, selector: (
-        pods if pods is not None else [pod(0, attempt=1), pod(1, attempt=1), pod(0, uid="evil")]))
+    monkeypatch.setattr(cluster, "get_job", lambda conn, ns, name: next(answers, FINISHED))
+    monkeypatch.setattr(cluster, "list_pods", lambda conn, ns, selector: list_node(selector))
+    monkeypatch.setattr(logs_command, "NEXT_RUN_POLL_SECONDS", 0.01)
 
     def pod_log(conn, ns, name, container, **kwargs):
         if name not in logs:
             raise cluster.ClusterError(f'container "trainer" in pod "{name}" is waiting to start', 400)
         return FakeStream(logs[name].encode())
 
-    monkeypatch.setattr(cluster, "pod_log", pod_log)
+    monkeypatch.setattr(cluster, "pod_log", given_pod_log or pod_log)
     out, err = io.StringIO(), io.StringIO()
     args = build_parser().parse_args(["logs", "train", "-n", "ns", *argv])
     return args.handler(args, out, err), out.getvalue(), err.getvalue()
@@ -287,7 +310,6 @@ def test_a_closed_pipe_ends_quietly(monkeypatch):
 
 
 def test_ctrl_c_ends_a_follow_with_exit_0(monkeypatch):
-    from ddpjob.cli import logs as logs_command
 
     class Endless(FakeStream):
         def read1(self, n):
@@ -305,3 +327,35 @@ def test_ctrl_c_ends_a_follow_with_exit_0(monkeypatch):
     args = build_parser().parse_args(["logs", "train", "-f"])
     err = io.StringIO()
     assert args.handler(args, io.StringIO(), err) == 0 and err.getvalue() == ""
+
+
+@pytest.mark.parametrize("next_run", [{"pod_uid": "pod-0-again"}, {"restarts": 1}], ids=["recreated", "kubelet"])
+def test_follow_goes_on_into_a_nodes_next_run_until_the_job_is_finished(monkeypatch, next_run):
+    """The first run's log ends (its pod deleted for a gang restart, or its container exited
+    and the kubelet starts it again): -f waits while the job runs and follows the next run."""
+    first = stamp(0, "run one")
+    second = stamp(9, "run two")
+    reads = iter([first, second])
+    nxt = pod(0, attempt=1, first=1, **next_run)
+    not_yet = pod(0, attempt=0)  # the same run still: keep waiting
+    code, out, err = run_logs(monkeypatch, "-f", "--rank", "0", pods=[pod(0)], jobs=[JOB, JOB, JOB],
+                              later_pods=[[not_yet], [nxt]],
+                              pod_log=lambda conn, ns, name, container, **kwargs: FakeStream(next(reads).encode()))
+    assert (code, err) == (0, ""), err
+    assert [line for line in out.splitlines() if "run" in line] == ["node-0 | run one", "node-0 | run two"], out
+
+
+def test_follow_ends_when_the_job_finishes_without_a_next_run(monkeypatch):
+    code, out, err = run_logs(monkeypatch, "-f", "--rank", "1")
+    assert code == 0 and out.splitlines()[-1] == "node-1 | n1 a1", (out, err)
+
+
+def test_a_next_run_is_only_the_jobs_own_pod_of_that_rank():
+    followed = job_pods(JOB, [pod(0)])[0]
+    look_alike = pod(0, uid="evil", pod_uid="other")
+    other_rank = pod(1, pod_uid="other")
+    assert job_logs.next_run(JOB, [look_alike, other_rank], followed) == (None, True)
+    assert job_logs.next_run(None, [], followed) == (None, False)  # the job was deleted
+    waiting = {**pod(0, pod_uid="new"), "status": {"containerStatuses": [
+        {"name": names.CONTAINER_NAME, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    assert job_logs.next_run(JOB, [waiting], followed) == (None, True)  # no log yet

@@ -8,7 +8,8 @@ A header line (==>) marks where a node's attempt begins: with the default in-pla
 pod keeps running across attempts and its log holds them all; --attempt N shows one. Where the
 gang was recreated, the older attempts' pods are gone and their logs with them (a line on
 stderr says so). Only the job's own pods are read (its labels and its ownership), through the
-API server, with your kubeconfig. -f follows every node at once until you press Ctrl-C.
+API server, with your kubeconfig. -f follows every node at once, on into a node's next pod or
+restarted container, until the job is finished or you press Ctrl-C.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import Any, Iterator, Optional, TextIO
 
 from ddpjob.api import names
@@ -183,6 +185,28 @@ def _chunks(stream: Any) -> Iterator[bytes]:
         yield chunk
 
 
+def _next_run(reader: _PodReader) -> Optional[_PodReader]:
+    """The reader of the node's next run, once it has started; None once the job is finished
+    or gone (an API error ends the wait too: the node's log is then reported as it stopped)."""
+    from ddpjob.client import cluster
+
+    args = reader.args
+    while True:
+        try:
+            job = cluster.get_job(reader.conn, args.namespace, args.job)
+            listed = cluster.list_pods(reader.conn, args.namespace,
+                                       f"{names.LABEL_JOB_NAME}={args.job},{names.LABEL_NODE_RANK}={reader.pod.node_rank}")
+        except cluster.ClusterError as error:
+            reader.error = cluster.hint(error, args.namespace, "pods")
+            return None
+        pod, waiting = job_logs.next_run(job, listed, reader.pod)
+        if pod is not None:
+            return _PodReader(reader.conn, argparse.Namespace(**{**vars(args), "tail": None}), pod)
+        if not waiting:
+            return None
+        time.sleep(NEXT_RUN_POLL_SECONDS)
+
+
 def _print(line: LogLine, attempt: Optional[int], out: TextIO) -> bool:
     if attempt is not None and line.attempt != attempt:
         return False
@@ -199,15 +223,30 @@ def _merge(readers: list[_PodReader], attempt: Optional[int], out: TextIO) -> in
     return printed
 
 
+#: How often a followed node whose log ended is looked for again (a recreated pod, a container
+#: the kubelet restarted), while the job runs.
+NEXT_RUN_POLL_SECONDS = 1.0
+
+
 def _follow(readers: list[_PodReader], attempt: Optional[int], out: TextIO) -> int:
-    """A thread per pod; lines printed as they come, until every log ends or Ctrl-C."""
+    """A thread per node; lines printed as they come, until the job is finished (or gone) and
+    every log has ended, or Ctrl-C. A node whose log ends while the job runs is followed on into
+    its next run: the pod recreated for it, or its container restarted in the pod."""
     lines: queue.Queue = queue.Queue(QUEUE_LINES)
     done = object()
 
     def read(reader: _PodReader) -> None:
         try:
-            for line in reader.lines():
-                lines.put(line)
+            while True:
+                for line in reader.lines():
+                    lines.put(line)
+                if reader.error:
+                    return
+                successor = _next_run(reader)
+                if successor is None:
+                    return
+                readers.append(successor)  # closed with the others
+                reader = successor
         finally:
             lines.put(done)
 

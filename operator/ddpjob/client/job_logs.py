@@ -42,6 +42,15 @@ class NodePod:
     #: (its restart-attempt label): an in-place restart moves the second only.
     first_attempt: int
     attempt: int
+    #: Which run of the node this is (``-f`` goes on to the next one): the pod's uid, how often
+    #: its container was restarted, and whether its container has started (has a log).
+    uid: str = ""
+    restarts: int = 0
+    started: bool = True
+
+    @property
+    def run(self) -> tuple[str, int]:
+        return self.uid, self.restarts
 
 
 def _int(text: object) -> Optional[int]:
@@ -79,8 +88,36 @@ def job_pods(job: dict, pods: Iterable[dict]) -> list[NodePod]:
                 or pod_meta.get("name") != names.node_pod_name(job_name, rank)):
             continue
         attempt = _int(labels.get(names.LABEL_RESTART_ATTEMPT)) or 0
-        found[rank] = NodePod(rank, pod_meta["name"], _first_attempt(pod, attempt), attempt)
+        restarts, started = _container_run(pod)
+        found[rank] = NodePod(rank, pod_meta["name"], _first_attempt(pod, attempt), attempt,
+                              uid=str(pod_meta.get("uid") or ""), restarts=restarts, started=started)
     return [found[r] for r in sorted(found)]
+
+
+def _container_run(pod: dict) -> tuple[int, bool]:
+    """(the trainer container's restartCount, whether it has started: running or ended)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or ():
+        if status.get("name") == names.CONTAINER_NAME:
+            state = status.get("state") or {}
+            return _int(status.get("restartCount")) or 0, "running" in state or "terminated" in state
+    return 0, False
+
+
+def next_run(job: Optional[dict], pods: Iterable[dict], followed: NodePod) -> tuple[Optional[NodePod], bool]:
+    """After the log of ``followed`` ended: (the node's next run to follow, if it has started:
+    a new pod for the rank, or its container restarted by the kubelet; whether to keep waiting
+    for one: the job is still there and not finished)."""
+    if job is None:
+        return None, False
+    for pod in job_pods(job, pods):
+        if pod.node_rank == followed.node_rank and pod.run != followed.run and pod.started:
+            return pod, True
+    phase = (job.get("status") or {}).get("phase")
+    return None, phase not in FINISHED_PHASES
+
+
+#: Phases after which no pod of the job runs again.
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def gone_attempts_note(pods: list[NodePod], selected: Optional[int] = None) -> Optional[str]:
