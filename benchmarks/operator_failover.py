@@ -130,7 +130,8 @@ def run(bed: bc.Bed, args) -> dict[str, Any]:
         idle = idle_lease_requests(bed, idle_s)
         with bed.namespace("bench-failover") as ns, bc.Recorder(bed, ns) as rec:
             bed.apply([bc.ddpjob("failover", ns, nnodes, SLOW_TO_STOP,
-                                 failurePolicy={"maxRestarts": kills + 5},
+                                 # Recreate: the operator dies while the old gang is deleted.
+                                 failurePolicy={"maxRestarts": kills + 5, "restartMode": "Recreate"},
                                  template={"spec": {"terminationGracePeriodSeconds": 30}})])
             rec.wait(lambda r: r.running_pods("failover", 0) == nnodes and r.phase("failover") == "Running",
                      300, "the job to run")

@@ -75,7 +75,10 @@ def ddpjob_manifests(name: str, namespace: str, nnodes: int, command: Sequence[s
     if pending:
         spec["template"] = {"spec": {"nodeSelector": dict(NO_NODE)}}
     if restarts:
-        spec["failurePolicy"] = {"maxRestarts": restarts}
+        # Recreate, as the peers do: the recovery rows compare replacing a killed rank's pod.
+        # (A command of its own under InPlace is restarted in its pod by the kubelet instead;
+        # benchmarks/restart_modes.py measures in-place restarts.)
+        spec["failurePolicy"] = {"maxRestarts": restarts, "restartMode": "Recreate"}
     return [{"apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob",
              "metadata": {"name": name, "namespace": namespace}, "spec": spec}]
 

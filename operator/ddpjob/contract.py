@@ -129,8 +129,10 @@ def clear_progress_reports(directory: str) -> None:
                 pass
 
 
-def read_progress_reports(directory: str, now: Optional[float] = None) -> dict[str, dict[str, Any]]:
-    """The reports in ``directory`` by rank, each with ``age_seconds`` (from the file's mtime)."""
+def read_progress_reports(directory: str, now: Optional[float] = None,
+                          attempt: Optional[int] = None) -> dict[str, dict[str, Any]]:
+    """The reports in ``directory`` by rank, each with ``age_seconds`` (from the file's mtime);
+    with ``attempt``, not those that say they were written in another attempt."""
     now = time.time() if now is None else now
     reports: dict[str, dict[str, Any]] = {}
     try:
@@ -148,6 +150,9 @@ def read_progress_reports(directory: str, now: Optional[float] = None) -> dict[s
         except (OSError, ValueError):
             continue
         if isinstance(report, dict) and isinstance(report.get("step"), int):
+            written_in = report.get("attempt")
+            if attempt is not None and isinstance(written_in, int) and written_in != attempt:
+                continue
             report = {k: report[k] for k in PROGRESS_REPORT_KEYS if k in report}
             reports[name[len("rank-"):-len(".json")]] = {**report, "age_seconds": round(age, 3)}
     return reports

@@ -63,7 +63,9 @@ def test_the_standby_takes_over_mid_restart_and_nothing_is_lost_or_done_twice(
         wait_for(lambda: "standing by" in standby.logs(), 30, "the second replica to stand by")
         prepare_shared_dir(e2e, shared_host_dir)
         manifest = ddpjob_manifest(
-            name, e2e.image, command=RANKS, failurePolicy={"maxRestarts": 3},
+            # Recreate: the restart must still be deleting the old gang when the leader dies (a
+            # command of its own would otherwise be restarted in its pods by the kubelet).
+            name, e2e.image, command=RANKS, failurePolicy={"maxRestarts": 3, "restartMode": "Recreate"},
             volumeMounts=[{"name": "gate", "mountPath": "/gate"}],
             template={"spec": {"volumes": [hostpath_volume("gate", shared_host_dir)],
                                "terminationGracePeriodSeconds": 30}})

@@ -89,13 +89,14 @@ def test_bad_configuration_fails_at_once_and_names_the_node(e2e):
 
 def test_spent_restart_budget_fails_with_that_reason(e2e):
     """a retryable failure on every attempt: one restart (maxRestarts 1), then
-    Failed with reason RestartBudgetExhausted."""
+    Failed with reason RestartBudgetExhausted. Recreate, so that each attempt has pods of its
+    own to count (test_e2e_kubelet_restart.py spends the budget in place)."""
     name = "always-fails"
     with PodRecorder(e2e, name) as pods:
         e2e.create(ddpjob_manifest(
             name, e2e.image,
             command=python_command("import sys; print('failing on purpose'); sys.exit(1)"),
-            failurePolicy={"maxRestarts": 1}))
+            failurePolicy={"maxRestarts": 1, "restartMode": "Recreate"}))
         status = e2e.wait_until_finished(name, 120)
         seen = pods.describe()
 

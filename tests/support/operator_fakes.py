@@ -99,8 +99,8 @@ class FakeKube:
     def delete_job(self, namespace, name, uid):
         self.log.append(("delete_job", name, uid))
 
-    def relabel_pod(self, namespace, name, uid, labels):
-        self.log.append(("relabel", name, tuple(sorted(labels.items()))))
+    def relabel_pod(self, namespace, name, uid, labels, *, annotations=None):
+        self.log.append(("relabel", name, tuple(sorted({**labels, **(annotations or {})}.items()))))
 
     def close(self):
         pass

@@ -238,6 +238,7 @@ class NodeAgent:
                 self.workers[uid] = worker
                 worker.start()
                 return
+        worker.refresh(pod)
         if deleting:
             grace = pod["metadata"].get("deletionGracePeriodSeconds", 30)
             threading.Thread(target=worker.terminate, args=(grace,), daemon=True).start()

@@ -48,6 +48,10 @@ class AgentContext:
     base_env: dict[str, str]
 
 
+#: Between the exit of a container with its own restartPolicy and the pod's final phase.
+FINAL_PHASE_DELAY_SECONDS = 0.5
+
+
 class PodWorker(threading.Thread):
     def __init__(self, context: AgentContext, pod: dict):
         metadata = pod["metadata"]
@@ -99,6 +103,15 @@ class PodWorker(threading.Thread):
         if finished and not self._gone:
             self._delete_from_api()
 
+    def refresh(self, pod: dict) -> None:
+        """A watch event of the pod: its labels and annotations as they are now, for the
+        downward API of the container's next start (a kubelet resolves a ``fieldRef`` env from
+        its current copy of the pod at each start; the spec cannot change)."""
+        with self._lock:
+            metadata = {**self.pod["metadata"], "labels": pod["metadata"].get("labels") or {},
+                        "annotations": pod["metadata"].get("annotations") or {}}
+            self.pod = {**self.pod, "metadata": metadata}
+
     def vanished(self) -> None:
         """The pod is gone from the API (force-deleted): kill at once."""
         self._gone = True
@@ -141,6 +154,13 @@ class PodWorker(threading.Thread):
             patch = pod_status.terminated_patch(self.container, state, restarts=restarts,
                                                 final=final, last_state=last_state)
             if final:
+                if self.container.get("restartPolicy") is not None:
+                    # As the v1.36 kubelet does (seen on kind): the exit of a container with a
+                    # restartPolicy of its own shows first with the pod still Running, the
+                    # phase in a later status update.
+                    self._patch(pod_status.terminated_patch(self.container, state, restarts=restarts,
+                                                            final=False, last_state=last_state))
+                    self._terminating.wait(FINAL_PHASE_DELAY_SECONDS)
                 self._patch(self._with_restart_all_condition(
                     patch, False, "PodCompleted" if exit_code == 0 else "PodFailed"))
                 return

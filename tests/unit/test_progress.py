@@ -265,6 +265,22 @@ def test_report_progress_writes_one_file_per_rank_throttled_and_nothing_outside_
     assert list(reports) == ["3"] and reports["3"]["step"] == 7 and reports["3"]["age_seconds"] >= 0
 
 
+def test_a_restarted_program_serves_only_the_reports_of_its_own_attempt(tmp_path, monkeypatch):
+    """A container the kubelet restarts in its pod finds the last run's files in /dev/shm: its
+    progress server must not pass them off as the new attempt's (a goodput of 0 steps re-done)."""
+    directory = str(tmp_path)
+    env = {contract.DDPJOB_PROGRESS_DIR: directory, contract.RANK: "0", contract.DDPJOB_RESTART_ATTEMPT: "0"}
+    assert report.report_progress(10, 15, environ=env, force=True)
+    with open(tmp_path / "rank-1.json", "w") as f:  # a program that wrote its own, without an attempt
+        json.dump({"step": 3}, f)
+    monkeypatch.setenv(contract.DDPJOB_RESTART_ATTEMPT, "1")
+    assert set(report.progress_answer(directory)["ranks"]) == {"1"}  # attempt 0's step 10 left out
+    assert report.report_progress(6, 15, environ={**env, contract.DDPJOB_RESTART_ATTEMPT: "1"}, force=True)
+    assert {r: v["step"] for r, v in report.progress_answer(directory)["ranks"].items()} == {"0": 6, "1": 3}
+    monkeypatch.delenv(contract.DDPJOB_RESTART_ATTEMPT)  # outside a DDPJob: every report
+    assert set(report.progress_answer(directory)["ranks"]) == {"0", "1"}
+
+
 def test_the_reporting_rank_is_the_argument_then_the_started_group_then_rank(tmp_path, monkeypatch):
     """mp.spawn's children inherit the pod's RANK: a started process group must win over it."""
     import types

@@ -94,7 +94,10 @@ def report_progress(step: int, total_steps: Optional[int] = None, *, epoch: Opti
     report = {"step": int(step), "total_steps": total_steps, "epoch": epoch, "epochs": epochs,
               "loss": _number(loss), "throughput": _number(throughput), "time": round(now, 3),
               "checkpoint_seconds": _number(checkpoint_seconds),
-              "checkpoint_interval_seconds": _number(checkpoint_interval_seconds)}
+              "checkpoint_interval_seconds": _number(checkpoint_interval_seconds),
+              # The attempt it was written in: a container the kubelet restarts in its pod finds
+              # the last run's files in /dev/shm, which must not pass for its own.
+              "attempt": env_int(env, contract.DDPJOB_RESTART_ATTEMPT, None, invalid=None)}
     report = {k: v for k, v in report.items() if v is not None}
     try:
         os.makedirs(directory, exist_ok=True)
@@ -112,8 +115,9 @@ def progress_answer(directory: str, control: Optional["EntryControl"] = None) ->
     """The ``/progress`` answer: the ranks' reports and, with ``control``, the attempt their
     workers run in (contract.PROGRESS_ATTEMPT_KEY). The attempt is read before the files and
     checked after them: reports read while another attempt began are not sent under either."""
-    if control is None:
-        return {"ranks": contract.read_progress_reports(directory)}
+    if control is None:  # a program of your own: the reports of the attempt it runs in
+        return {"ranks": contract.read_progress_reports(
+            directory, attempt=env_int(os.environ, contract.DDPJOB_RESTART_ATTEMPT, None, invalid=None))}
     attempt = control.attempt
     reports = contract.read_progress_reports(directory)
     if control.attempt != attempt:

@@ -18,6 +18,12 @@ GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 LABEL_JOB_NAME = f"{API_GROUP}/job-name"
 LABEL_NODE_RANK = f"{API_GROUP}/node-rank"
 LABEL_RESTART_ATTEMPT = f"{API_GROUP}/restart-attempt"
+#: The container's restartCount the operator has accounted for (kubelet restarts in place).
+LABEL_CONTAINER_RESTARTS = f"{API_GROUP}/container-restarts"
+#: The attempt a container started by the kubelet sees as DDPJOB_RESTART_ATTEMPT (a fieldRef:
+#: the kubelet reads it at each container start; the operator sets it to the next attempt once
+#: the pod runs the current one).
+ANNOTATION_ATTEMPT_AT_START = f"{API_GROUP}/attempt-at-start"
 
 #: The one container of every pod (logs: ``kubectl logs <pod> -c trainer``).
 CONTAINER_NAME = "trainer"

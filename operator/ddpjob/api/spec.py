@@ -146,7 +146,10 @@ class FailurePolicy:
         "exist stay (same pods, nodes, IPs, volumes, Kueue admission) and their entry point "
         "(ddptrain-pod) starts the next attempt's processes; only pods that are gone, or whose "
         "container exited, are recreated. Recreate: every pod of the gang is deleted and created "
-        "again. A command of your own (launcher none) has no entry point: always Recreate.",
+        "again. A command of your own (launcher none) has no entry point to take the order: "
+        "under InPlace its container carries the kubelet's restart rule (Kubernetes 1.35+), so "
+        "a retryable exit restarts it in its pod; peers that do not exit too are recreated "
+        "after 30 s, and a cluster without the rules recreates the gang.",
         default=contract.RESTART_MODE_IN_PLACE, enum=contract.RESTART_MODES)
     permanentExitCodes: tuple[int, ...] = spec_field(
         "Container exit codes that fail the job at once (a restart cannot fix them). Every other "
@@ -419,6 +422,14 @@ def effective_restart_mode(spec: DDPJobSpec) -> str:
     if spec.failurePolicy.restartMode == contract.RESTART_MODE_IN_PLACE and launchers.is_pod_entry(spec.command):
         return contract.RESTART_MODE_IN_PLACE
     return contract.RESTART_MODE_RECREATE
+
+
+def kubelet_restarts_in_place(spec: DDPJobSpec) -> bool:
+    """InPlace asked for a command of your own: nothing in the pod takes the operator's order;
+    where the operator turns the kubelet's restart rules on (settings.kubelet_restart_rules),
+    the container carries them instead (docs/operator.md)."""
+    return (spec.failurePolicy.restartMode == contract.RESTART_MODE_IN_PLACE
+            and not launchers.is_pod_entry(spec.command))
 
 
 def _gpu_count_matches(spec: Mapping[str, Any], kind: str) -> bool:

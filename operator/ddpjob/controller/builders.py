@@ -143,8 +143,20 @@ def readiness_probe() -> dict[str, Any]:
             "periodSeconds": 1, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 1}
 
 
+def kubelet_restart_rules(s: spec.DDPJobSpec) -> dict[str, Any]:
+    """A command of your own under InPlace: the kubelet restarts the container in its pod on
+    any exit but success and the permanent codes (KEP-5307, beta and on since Kubernetes 1.35).
+    ``Restart`` and not ``RestartAllContainers``: a node whose kubelet lacks the rules ignores
+    them (the pod fails, and is recreated, as without), where a RestartAllContainers pod would
+    wait Pending for a node that declares the feature. An API server without the gate drops
+    the fields; the operator reads the pod back (decide.view_pod) and knows."""
+    codes = sorted({0, *s.failurePolicy.permanentExitCodes})
+    return {"restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": codes}}]}
+
+
 def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
-              restart_token: Optional[str] = None) -> dict[str, Any]:
+              restart_token: Optional[str] = None, kubelet_rules: bool = True) -> dict[str, Any]:
     """One node's pod. ``restart_token``: the credential of in-place restart orders (random per
     pod, ddpjob/restart_orders.py); without one (``ddpjob render``) the pod is restarted
     by recreating it."""
@@ -172,6 +184,15 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
     }
     if restart_token and spec.effective_restart_mode(s) == contract.RESTART_MODE_IN_PLACE:
         container["readinessProbe"] = readiness_probe()
+    annotations = dict(job.spec.template.metadata.annotations)
+    if kubelet_rules and spec.kubelet_restarts_in_place(s):
+        container.update(kubelet_restart_rules(s))
+        # A container the kubelet restarts keeps its pod's environment: the attempt comes from
+        # an annotation the kubelet reads at each start, and the operator moves on.
+        container["env"] = [{"name": contract.DDPJOB_RESTART_ATTEMPT, "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{names.ANNOTATION_ATTEMPT_AT_START}']"}}}
+            if e.get("name") == contract.DDPJOB_RESTART_ATTEMPT else e for e in container["env"]]
+        annotations[names.ANNOTATION_ATTEMPT_AT_START] = str(attempt)
     container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
     if tmpl.securityContext is None:
         container["securityContext"]["runAsNonRoot"] = True
@@ -209,15 +230,14 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(job, name, pod_labels(job, node_rank, attempt),
-                              dict(job.spec.template.metadata.annotations)),
+        "metadata": _metadata(job, name, pod_labels(job, node_rank, attempt), annotations),
         "spec": pod_spec,
     }
 
 
 def build_pods(job: spec.DDPJob, attempt: int, ranks: Optional[list[int]] = None,
-               new_token: Optional[Callable[[], str]] = None) -> list[dict[str, Any]]:
+               new_token: Optional[Callable[[], str]] = None, kubelet_rules: bool = True) -> list[dict[str, Any]]:
     """The pods of one attempt (every node, or only ``ranks``), in rank order; ``new_token``
     gives each its restart credential."""
     ranks = list(range(job.spec.nnodes)) if ranks is None else sorted(ranks)
-    return [build_pod(job, r, attempt, new_token() if new_token else None) for r in ranks]
+    return [build_pod(job, r, attempt, new_token() if new_token else None, kubelet_rules) for r in ranks]

@@ -107,6 +107,18 @@ class PodView:
     # The credential of in-place restart orders, from the pod's spec ("" : the pod cannot be
     # restarted in place: Recreate, a command of its own, a pod made before in-place existed).
     restart_token: str = field(default="", repr=False)
+    # The kubelet's restarts in place (a command of your own under InPlace): whether the pod as
+    # stored has our restart rule (an API server without the feature drops it), the container's
+    # restartCount, the count this operator accounted for (LABEL_CONTAINER_RESTARTS), and the
+    # exit that ended the container's last run (lastState.terminated).
+    kubelet_restarts: bool = False
+    restarts: int = 0
+    restarts_seen: int = 0
+    last_exit_code: Optional[int] = None
+    last_finished_at: Optional[dt.datetime] = None
+    last_reason: str = ""
+    last_message: str = ""
+    attempt_at_start: Optional[int] = None  # names.ANNOTATION_ATTEMPT_AT_START, where set
 
     @property
     def deleting(self) -> bool:
@@ -136,6 +148,7 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
     state = trainer.get("state") or {}
     terminated = state.get("terminated") or {}
     waiting = state.get("waiting") or {}
+    last = (trainer.get("lastState") or {}).get("terminated") or {}
     unschedulable = disruption = disruption_message = ""
     for cond in status.get("conditions") or ():
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
@@ -170,7 +183,45 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         nproc_per_node=_nproc_per_node(pod.get("spec") or {}),
         container_ready=trainer.get("ready") is True,
         restart_token=_restart_token(pod.get("spec") or {}),
+        kubelet_restarts=_has_restart_rule(pod.get("spec") or {}),
+        restarts=_count(trainer.get("restartCount")),
+        restarts_seen=_count(labels.get(names.LABEL_CONTAINER_RESTARTS)),
+        last_exit_code=_exit_code(last.get("exitCode")),
+        last_finished_at=parse_time(last.get("finishedAt")),
+        last_reason=shorten(str(last.get("reason") or ""), REASON_LIMIT),
+        last_message=truncate(str(last.get("message") or ""), FAILED_NODE_MESSAGE_LIMIT),
+        attempt_at_start=_attempt_at_start(meta.get("annotations") or {}),
     )
+
+
+def _attempt_at_start(annotations: Mapping[str, Any]) -> Optional[int]:
+    value = annotations.get(names.ANNOTATION_ATTEMPT_AT_START) if isinstance(annotations, Mapping) else None
+    return _count(value) if value is not None else None
+
+
+# Pod status and labels are anyone's who may write them: counts are bounded integers.
+_COUNT_LIMIT = 1_000_000
+
+
+def _count(value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return 0
+    return number if 0 <= number <= _COUNT_LIMIT else 0
+
+
+def _exit_code(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and -(2 ** 31) <= value < 2 ** 31 else None
+
+
+def _has_restart_rule(pod_spec: Mapping[str, Any]) -> bool:
+    """The trainer container, as stored, carries a container restart rule (builders.py)."""
+    for c in pod_spec.get("containers") or ():
+        if isinstance(c, Mapping) and c.get("name") == names.CONTAINER_NAME:
+            rules = c.get("restartPolicyRules")
+            return bool(c.get("restartPolicy") and isinstance(rules, list) and rules)
+    return False
 
 
 def _unhealthy_devices(containers: Sequence[Mapping[str, Any]]) -> str:
@@ -303,6 +354,11 @@ class Plan:
     # In-place restart: order these pods' entry points to run ``attempt`` (then relabel them);
     # a pod that does not take the order is deleted and recreated.
     restart_in_place: tuple[PodView, ...] = ()
+    # Kubelet restarts in place: pods whose container the kubelet restarted, carried into
+    # ``attempt`` (relabelled with the attempt and the restartCount now accounted for).
+    adopt: tuple[PodView, ...] = ()
+    # ... and pods whose next kubelet start is to see attempt + 1 (ANNOTATION_ATTEMPT_AT_START).
+    arm: tuple[PodView, ...] = ()
     requeue_after: Optional[float] = None  # seconds until a clock (deadline, timeout, TTL) runs out
     # A stall: read these pods' stacks (an Event, the log) after the status write, before the
     # pods are ordered, deleted or recreated.
@@ -704,18 +760,103 @@ def _failure_of(job: spec.DDPJob, p: PodView) -> Optional[NodeFailure]:
     return None
 
 
+def _kubelet_restart_of(p: PodView) -> Optional[NodeFailure]:
+    """A pod whose container exited and that the kubelet restarts, or restarted, in the pod (its
+    restart rule; a command of your own under InPlace) since the operator last accounted for
+    it: the node's failure, with the exit of the container's last run."""
+    if not p.kubelet_restarts or p.phase != POD_RUNNING or p.deleting:
+        return None
+    # A container that ended for good is not restarting: a v1.36 kubelet reports the exit of a
+    # container with its own restartPolicy (exit 0 included) with the pod still Running, and the
+    # phase in a later update (seen on kind).
+    if not p.running and p.exit_code is not None and p.exit_code != 0:  # exited; about to start again
+        code, reason, message, at = p.exit_code, p.terminated_reason, p.terminated_message, p.finished_at
+    elif p.restarts > p.restarts_seen or (not p.running and p.waiting_reason == "CrashLoopBackOff"
+                                          and p.last_exit_code is not None):
+        code, reason, message, at = p.last_exit_code, p.last_reason, p.last_message, p.last_finished_at
+    else:
+        return None
+    return NodeFailure(node_rank=p.node_rank, exit_code=code, reason=reason or "Error", at=at, pod=p.name,
+                       message=message, node=p.node_name)
+
+
+# After a kubelet restart in place, how long the gang's other pods have to exit (and be
+# restarted by their kubelets) before they are recreated: nothing in them takes an order, and a
+# process that hangs in a collective with its lost peer would hold the rendezvous.
+KUBELET_PEER_EXIT_GRACE_SECONDS = 30.0
+
+
+def _kubelet_carried(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView],
+                     now: dt.datetime) -> tuple[list[PodView], list[PodView], Optional[float]]:
+    """In an attempt that the kubelet restarts in place: (the pods of the attempt before whose
+    container has restarted since, as pods of this attempt; the others of that attempt still
+    given time to exit; seconds until that time is up)."""
+    if not (spec.kubelet_restarts_in_place(job.spec) and _started_in_place(status)):
+        return [], [], None
+    created = status.condition(CREATED)
+    since = parse_time(created.lastTransitionTime) if created and created.status == "True" else None
+    left = KUBELET_PEER_EXIT_GRACE_SECONDS - (now - since).total_seconds() if since else 0.0
+    avoided = {n.nodeName for n in status.excludedNodes}
+    carried: list[PodView] = []
+    held: list[PodView] = []
+    for p in _ours(job, pods):
+        if (p.attempt != status.restartAttempt - 1 or not p.kubelet_restarts or p.deleting
+                or p.node_name in avoided):
+            continue
+        if p.restarts > p.restarts_seen:
+            # Its container's latest run is this attempt's, whatever came of it since (it may
+            # have succeeded, or failed again, before this pass).
+            carried.append(replace(p, attempt=status.restartAttempt, restarts_seen=p.restarts))
+        elif p.phase == POD_RUNNING and left > 0:
+            held.append(p)
+    return carried, held, (left if held else None)
+
+
 def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
                 created_ranks: frozenset[int], creation_errors: Mapping[int, str],
                 progress: Optional[progress_reports.GangProgress] = None,
                 service_conflict: Optional[str] = None, service_missing: bool = False,
                 entry_states: Mapping[str, EntryState] = {}) -> Plan:
+    carried, held, held_for = _kubelet_carried(job, status, pods, now)
+    plan = _watch_attempt(job, status, pods, now, created_ranks, creation_errors, progress, service_conflict,
+                          service_missing, entry_states, carried, held)
+    if plan.status.restartAttempt != status.restartAttempt:  # restarted again: nothing to carry
+        return plan
+    adopt = tuple(p for p in carried if p not in plan.delete)
+    return replace(plan, adopt=adopt, arm=_to_arm(job, status, pods, adopt),
+                   requeue_after=soonest(plan.requeue_after, held_for))
+
+
+def _to_arm(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView],
+            adopt: tuple[PodView, ...]) -> tuple[PodView, ...]:
+    """The attempt's pods the kubelet may restart, running the attempt's own run (no restart
+    unaccounted for), whose annotation does not yet name the next attempt: a container the
+    kubelet starts after their next exit then sees that attempt. (One that fails before this
+    pass still sees the current one: docs/operator.md.)"""
+    if not spec.kubelet_restarts_in_place(job.spec):
+        return ()
+    adopted = {p.uid: p for p in adopt}
+    nxt = status.restartAttempt + 1
+    return tuple(p for p in (adopted.get(p.uid, p) for p in _ours(job, pods))
+                 if p.attempt == status.restartAttempt and p.kubelet_restarts and p.running and not p.deleting
+                 and p.restarts == p.restarts_seen and p.attempt_at_start is not None and p.attempt_at_start != nxt)
+
+
+def _watch_attempt(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
+                   created_ranks: frozenset[int], creation_errors: Mapping[int, str],
+                   progress: Optional[progress_reports.GangProgress], service_conflict: Optional[str],
+                   service_missing: bool, entry_states: Mapping[str, EntryState],
+                   carried: list[PodView], held: list[PodView]) -> Plan:
     # The attempt keeps the shape it was created with (status.nnodes, status.podSpecHash): a
     # spec changed under it (an older CRD, a bypassed validation) is for the next attempt.
     nnodes, attempt = status.nnodes, status.restartAttempt
     reshaped = bool(status.podSpecHash) and status.podSpecHash != spec.pod_spec_hash(job.spec)
     current: dict[int, PodView] = {}
     strays: list[PodView] = []
-    for p in _ours(job, pods):
+    # Pods the kubelet restarted come first, as pods of this attempt; those still given time
+    # to exit are neither current nor strays.
+    set_aside = {p.uid for p in carried} | {p.uid for p in held}
+    for p in carried + [p for p in _ours(job, pods) if p.uid not in set_aside]:
         if p.attempt == attempt and p.node_rank < nnodes and p.node_rank not in current:
             current[p.node_rank] = p
         else:
@@ -733,7 +874,7 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         pod = current.get(rank)
         if pod is not None:
             nodes.append(_node_state(pod))
-            failure = _failure_of(job, pod)
+            failure = _failure_of(job, pod) or _kubelet_restart_of(pod)
             if failure is None:
                 failure = _entry_failure(pod, entry_states.get(pod.uid), attempt, now)
                 if failure is not None:
@@ -775,7 +916,9 @@ def _watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
         # An entry point that saw its workers' reports vouches that the attempt trained, where
         # the operator's poll (every few seconds) may have missed a short attempt.
         reported = any(e.reported and e.attempt == attempt for e in entry_states.values())
-        return _on_failure(job, observed, pods, now, failures, reported=reported)
+        restarted_by_kubelet = tuple(p for p in current.values() if _kubelet_restart_of(p) is not None)
+        return _on_failure(job, observed, pods, now, failures, reported=reported,
+                           restarted_by_kubelet=restarted_by_kubelet)
     if succeeded == nnodes:
         done = with_phase(observed, SUCCEEDED, "AllNodesSucceeded", f"all {nnodes} node(s) succeeded", now)
         done = replace(done, completionTime=format_time(now), failedNode=None)
@@ -920,17 +1063,21 @@ def _stack_pods(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], su
 
 def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
                 failures: list[NodeFailure], restart_reason: Optional[str] = None,
-                reported: bool = False) -> Plan:
-    """``reported``: an entry point of the failed attempt says its workers reported progress."""
+                reported: bool = False, restarted_by_kubelet: tuple[PodView, ...] = ()) -> Plan:
+    """``reported``: an entry point of the failed attempt says its workers reported progress.
+    ``restarted_by_kubelet``: the attempt's pods whose container the kubelet restarts in place."""
     policy = job.spec.failurePolicy
     window = disruptions_within(status, now, policy.disruptionWindowSeconds)
     ruling = failure_policy.verdict(failures, restarts_done=status.restarts, policy=policy,
                                     recent_disruptions=len(window))
     first = ruling.cause
     keep = _restartable_in_place(job, status, pods, reported) if ruling.restart else ()
+    by_kubelet = (ruling.restart and bool(restarted_by_kubelet) and spec.kubelet_restarts_in_place(job.spec)
+                  and not _in_place_failed_before_training(status, reported))
     fallback = (ruling.restart and _in_place_failed_before_training(status, reported)
                 and spec.effective_restart_mode(job.spec) == contract.RESTART_MODE_IN_PLACE)
-    mode = "" if not ruling.restart else (contract.RESTART_MODE_IN_PLACE if keep else contract.RESTART_MODE_RECREATE)
+    mode = "" if not ruling.restart else (
+        contract.RESTART_MODE_IN_PLACE if keep or by_kubelet else contract.RESTART_MODE_RECREATE)
     # The culprit goes into the history whatever comes next (restart or failure).
     recorded = with_failure(replace(status, recentDisruptions=window),
                             replace(_failure_record(first, status, now), restartMode=mode))
@@ -959,6 +1106,8 @@ def _on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], no
                   + f"; restarting all {status.nnodes} node(s) ({ruling.spending(policy)})")
     if keep:
         return _in_place(job, restarting, pods, now, keep, event, excluded)
+    if by_kubelet:
+        return _in_place_by_kubelet(job, restarting, pods, now, restarted_by_kubelet, event, excluded)
     if fallback:
         event = replace(event, message=event.message + (
             f"; recreating the pods: attempt {status.restartAttempt} was restarted in place and "
@@ -1048,3 +1197,27 @@ def _in_place(job: spec.DDPJob, restarting: JobStatus, pods: Sequence[PodView], 
         f"restarting all {restarting.nnodes} node(s)", f"restarting all {restarting.nnodes} node(s), {how}"))
     return Plan(status=status, restart_in_place=keep, attempt=attempt, delete=_deletable(recreated),
                 events=(event,) + excluded, requeue_after=float(job.spec.startupTimeoutSeconds))
+
+
+def _in_place_by_kubelet(job: spec.DDPJob, restarting: JobStatus, pods: Sequence[PodView], now: dt.datetime,
+                         restarted: tuple[PodView, ...], event: Event, excluded: tuple[Event, ...]) -> Plan:
+    """The next attempt starts inside the pods the kubelet restarts (a command of your own,
+    whose container carries the restart rule): they stay; the others that still run are given
+    KUBELET_PEER_EXIT_GRACE_SECONDS to exit and be restarted too (``_kubelet_carried``), then
+    are recreated; pods that cannot restart (finished, deleted, on a node the next attempt
+    avoids, without the rule) are recreated now. The attempt counts as created now."""
+    attempt = restarting.restartAttempt
+    avoided = {n.nodeName for n in restarting.excludedNodes}
+    staying = [p for p in _ours(job, pods) if p.kubelet_restarts and p.phase == POD_RUNNING and not p.deleting
+               and p.node_name not in avoided and p.attempt == attempt - 1]
+    recreated = [p for p in _ours(job, pods) if p not in staying]
+    how = f"{len(restarted)} pod(s) restarted in place by the kubelet" + (
+        f", {len(staying) - len(restarted)} given {KUBELET_PEER_EXIT_GRACE_SECONDS:.0f}s to exit"
+        if len(staying) > len(restarted) else "") + (f", {len(recreated)} recreated" if recreated else "")
+    message = restarting.message.replace(": deleting the gang", f": {how}")
+    status = with_phase(without_nodes(restarting), RESTARTING, restarting.reason, message, now, created=True,
+                        created_reason="RestartedInPlace", created_message=f"attempt {attempt}: {how}")
+    event = replace(event, message=event.message.replace(
+        f"restarting all {restarting.nnodes} node(s)", f"restarting all {restarting.nnodes} node(s), {how}"))
+    return Plan(status=status, attempt=attempt, delete=_deletable(recreated), events=(event,) + excluded,
+                requeue_after=KUBELET_PEER_EXIT_GRACE_SECONDS)

@@ -104,7 +104,8 @@ class KubeApi(Protocol):
 
     def delete_job(self, namespace: str, name: str, uid: Optional[str]) -> None: ...
 
-    def relabel_pod(self, namespace: str, name: str, uid: str, labels: Mapping[str, str]) -> None: ...
+    def relabel_pod(self, namespace: str, name: str, uid: str, labels: Mapping[str, str], *,
+                    annotations: Optional[Mapping[str, str]] = None) -> None: ...
 
     # Kueue (only for a DDPJob that names a LocalQueue; docs/kueue.md)
     def create_workload(self, workload: dict) -> None: ...
@@ -246,12 +247,15 @@ class Kube:
             return DeleteOutcome(name, uid, False, exc)
         return DeleteOutcome(name, uid, force)
 
-    def relabel_pod(self, namespace: str, name: str, uid: str, labels: Mapping[str, str]) -> None:
-        """Set ``labels`` on the pod ``name`` if it is still the pod ``uid`` (a JSON patch whose
-        test of the uid fails, 422, when the name is another pod's by now)."""
+    def relabel_pod(self, namespace: str, name: str, uid: str, labels: Mapping[str, str], *,
+                    annotations: Optional[Mapping[str, str]] = None) -> None:
+        """Set ``labels`` (and ``annotations``, on a pod created with some) on the pod ``name``
+        if it is still the pod ``uid`` (a JSON patch whose test of the uid fails, 422, when the
+        name is another pod's by now)."""
         ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
-        ops += [{"op": "add", "path": "/metadata/labels/" + k.replace("~", "~0").replace("/", "~1"), "value": v}
-                for k, v in labels.items()]
+        for where, values in (("labels", labels), ("annotations", annotations or {})):
+            ops += [{"op": "add", "path": f"/metadata/{where}/" + k.replace("~", "~0").replace("/", "~1"),
+                     "value": v} for k, v in values.items()]
         self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", ops,
                      what=f"relabel pod {name}", content_type="application/json-patch+json")
 

@@ -103,6 +103,9 @@ class InPlaceMemory:
 
     seen_ready: set[str] = field(default_factory=set)
     ordered: dict[str, int] = field(default_factory=dict)
+    # Kubelet restarts: the attempt-at-start annotation written to each pod (uid -> value), so
+    # that passes before the watch shows it do not write it again.
+    armed: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,7 @@ def _as_ordered(pods: list[PodView], in_place: InPlaceMemory) -> list[PodView]:
         if in_place.ordered.get(p.uid, -1) <= p.attempt:
             in_place.ordered.pop(p.uid, None)
     in_place.ordered = {uid: a for uid, a in in_place.ordered.items() if uid in uids}
+    in_place.armed = {uid: a for uid, a in in_place.armed.items() if uid in uids}
     return [replace(p, attempt=in_place.ordered[p.uid]) if p.uid in in_place.ordered else p for p in pods]
 
 
@@ -429,7 +433,8 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
     if job is not None and plan.create_ranks:
         creations = memory.creations = memory.creations.of(plan.attempt)
         outcomes = kube.create_pods(builders.build_pods(job, plan.attempt, list(plan.create_ranks),
-                                                        new_token=restart_orders.new_token))
+                                                        new_token=restart_orders.new_token,
+                                                        kubelet_rules=settings.kubelet_restart_rules))
         for rank, outcome in zip(sorted(plan.create_ranks), outcomes):
             if outcome.created:
                 creations.created.add(rank)
@@ -443,6 +448,16 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
 
     if plan.restart_in_place:
         errors.extend(_order_in_place(namespace, plan, memory, kube))
+    for p in plan.adopt:
+        errors.extend(_relabel(namespace, p, kube, {names.LABEL_RESTART_ATTEMPT: str(p.attempt),
+                                                    names.LABEL_CONTAINER_RESTARTS: str(p.restarts_seen)}))
+    for p in plan.arm:
+        if memory.in_place.armed.get(p.uid) == p.attempt + 1:
+            continue  # written; the watch has not shown it yet
+        failed = _relabel(namespace, p, kube, {}, {names.ANNOTATION_ATTEMPT_AT_START: str(p.attempt + 1)})
+        if not failed:
+            memory.in_place.armed[p.uid] = p.attempt + 1
+        errors.extend(failed)
 
     if plan.delete_job:
         kube.delete_job(namespace, meta["name"], meta.get("uid"))
@@ -476,6 +491,21 @@ def _read_stacks(meta: Mapping[str, Any], request: StacksRequest) -> Event:
     return Event("Warning", stall_stacks.STALLED_STACKS, message)
 
 
+def _relabel(namespace: str, p: PodView, kube: KubeApi, labels: Mapping[str, str],
+             annotations: Optional[Mapping[str, str]] = None) -> list[ApiError]:
+    """The pod's labels (and annotations) set, if it is still that pod: a pod gone, or another
+    by that name by now, is no error (the watch brings what came instead)."""
+    try:
+        if annotations:
+            kube.relabel_pod(namespace, p.name, p.uid, labels, annotations=annotations)
+        else:
+            kube.relabel_pod(namespace, p.name, p.uid, labels)
+    except ApiError as exc:
+        if not (exc.not_found or exc.status in (409, 422)):
+            return [exc]
+    return []
+
+
 def _order_in_place(namespace: str, plan: Plan, memory: JobMemory, kube: KubeApi) -> list[ApiError]:
     """Order each pod of ``plan.restart_in_place`` into ``plan.attempt`` and relabel those that
     took it (the label then names the attempt the pod runs); a pod that did not answer, or
@@ -490,11 +520,7 @@ def _order_in_place(namespace: str, plan: Plan, memory: JobMemory, kube: KubeApi
     for p in (p for p, ok in zip(pods, taken) if ok):
         memory.in_place.ordered[p.uid] = plan.attempt
         memory.in_place.seen_ready.discard(p.uid)  # asked again once ready in the new attempt
-        try:
-            kube.relabel_pod(namespace, p.name, p.uid, {names.LABEL_RESTART_ATTEMPT: str(plan.attempt)})
-        except ApiError as exc:
-            if not (exc.not_found or exc.status in (409, 422)):  # gone, or another pod by now
-                errors.append(exc)
+        errors.extend(_relabel(namespace, p, kube, {names.LABEL_RESTART_ATTEMPT: str(plan.attempt)}))
     if refused:
         logger.info("%s: %d pod(s) did not take the restart order: recreating them: %s", namespace,
                     len(refused), ", ".join(p.name for p in refused))

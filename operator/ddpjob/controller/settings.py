@@ -53,6 +53,11 @@ class OperatorSettings:
     (the name Kueue's LocalQueueDefaulting uses), and waits ``Queued`` while there is none, so
     no DDPJob bypasses Kueue (docs/kueue.md). A job that was already running when this was
     turned on is left alone. false: such a job runs without Kueue."""
+    kubelet_restart_rules: bool = True
+    """A command of your own (no pod entry point) under restartMode InPlace gets the kubelet's
+    container restart rules (Kubernetes 1.35+), so a retryable exit restarts the container in
+    its pod, and the operator carries such pods into the next attempt (docs/operator.md,
+    "In-place restarts"). false: such pods are recreated, as before the rules existed."""
     metrics_port: int = 8081
     """Port of the Prometheus endpoint (/metrics); 0 turns it off."""
     kubeconfig: Optional[str] = None
