@@ -371,7 +371,7 @@ KILLED_AFTER_A_CHECKPOINT = textwrap.dedent('''
 
         def slow(self, batch):
             calls[0] += 1
-            if os.environ["RANK"] == "1" and calls[0] == 7:
+            if os.environ["RANK"] == os.environ.get("KILL_RANK", "1") and calls[0] == 7:
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.4)
             return original(self, batch)
@@ -409,3 +409,30 @@ def test_a_killed_worker_restarts_the_gang_in_place_and_resumes_at_the_checkpoin
     starts = [json.loads(line.split("] ", 1)[1]) for line in result.stdout.splitlines()
               if line.startswith("[node-0] {") and '"event": "start"' in line]
     assert [s["step"] for s in starts] == [0, 4], starts  # attempt 1 resumed from step 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(local_gpu_count() == 0, reason="no CUDA GPU on this machine")
+def test_a_killed_gpu_worker_restarts_in_place_on_its_gpu_with_nccl(tmp_path):
+    """The in-place restart on a GPU: the warm process imported torch but never touched CUDA,
+    so the worker it forks for attempt 1 initialises CUDA and NCCL afresh on the same GPU,
+    and resumes from the checkpoint. One node per GPU (at most 2), the last rank killed."""
+    nnodes = min(2, local_gpu_count())
+    script = tmp_path / "trainer.py"
+    script.write_text(KILLED_AFTER_A_CHECKPOINT)
+    manifest = write_trainer_job(
+        tmp_path, nnodes=nnodes, nprocPerNode=1, device="gpu", failurePolicy={"maxRestarts": 1},
+        env=[{"name": "KILL_RANK", "value": str(nnodes - 1)}], args=[
+            "--script", str(script), *TRAINER_ARGS[:TRAINER_ARGS.index("--max-steps")], "--max-steps", "8",
+            "--checkpoint-every", "4", "--log-format", "json", "--log-every", "1",
+            "--num-workers", "0", "--checkpoint-dir", "/checkpoints"])
+    result = run(manifest, "--workdir", str(tmp_path), timeout=400)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-6000:]
+    assert f"node {nnodes - 1} exited 137" in result.stderr and "every node runs attempt 1 in place" in result.stderr, out[-6000:]
+    assert f"succeeded: all {nnodes} node" in result.stderr, out[-6000:]
+    lines = [line.split("[node-0] ", 1)[1] for line in result.stdout.splitlines() if line.startswith("[node-0] ")]
+    assert "warm False attempt 0" in lines and "warm True attempt 1" in lines, lines[-40:]
+    starts = [json.loads(line) for line in lines if line.startswith("{") and '"event": "start"' in line]
+    assert [s["step"] for s in starts] == [0, 4], starts
+    assert all(s.get("backend") == "nccl" for s in starts), starts

@@ -120,3 +120,22 @@ def test_channels_last_and_compile_flags():
     assert default.channels_last is None and default.compile is False  # None: the trainer's default
     assert parse_config(["--no-channels-last"]).channels_last is False
     assert parse_config(["--channels-last", "--compile"]) == TrainConfig(channels_last=True, compile=True)
+
+
+@pytest.mark.parametrize("local_rank", ["0", "1"])
+def test_a_rank_without_a_gpu_of_its_own_says_so_whatever_its_local_rank(local_rank, capsys, tmp_path, monkeypatch):
+    """Only the ranks beyond the node's GPUs hit it: local rank 0 may have a GPU and never say
+    it, so the rank that hits it prints it (a silent exit 2 left the user nothing; found by
+    the GPU test on one GPU, LOCAL_RANK 1)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(local_rank))
+    env = {"DDPJOB_TERMINATION_LOG": str(tmp_path / "term"), "RANK": "3", "WORLD_SIZE": "4",
+           "LOCAL_RANK": local_rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    code = main.run(["--device", "gpu"], environ=env)
+    err = capsys.readouterr().err
+    assert code == ExitCode.BAD_CONFIG
+    assert err.strip() == (f"ddptrain: error: rank 3: --device: LOCAL_RANK {local_rank} has no GPU: "
+                           f"{local_rank} visible (one GPU per process: nprocPerNode must not exceed "
+                           "the GPUs per node)"), err

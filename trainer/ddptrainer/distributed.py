@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ddpjob import contract
 
 from .config import TrainConfig
-from .errors import ConfigError, RendezvousTimeoutError, is_collective_failure
+from .errors import ConfigError, RankConfigError, RendezvousTimeoutError, is_collective_failure
 from .text import BadInteger, env_int, first_line
 
 
@@ -66,7 +66,7 @@ def resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
                           "(torch.cuda.is_available() is False); use --device cpu or auto")
     count = torch.cuda.device_count()
     if local_rank >= count:
-        raise ConfigError(f"--device: LOCAL_RANK {local_rank} has no GPU: {count} visible "
+        raise RankConfigError(f"--device: LOCAL_RANK {local_rank} has no GPU: {count} visible "
                           "(one GPU per process: nprocPerNode must not exceed the GPUs per node)")
     return torch.device("cuda", local_rank)
 

@@ -31,6 +31,16 @@ class ConfigError(TrainerError):
 
     exit_code = int(ExitCode.BAD_CONFIG)
     kind = "bad configuration"
+    #: Every rank hits it alike (a flag, a value), so local rank 0's line is enough; False for
+    #: one that only some ranks hit (a LOCAL_RANK without a GPU of its own), which each says.
+    same_on_every_rank = True
+
+
+class RankConfigError(ConfigError):
+    """A bad configuration that only some ranks hit (a LOCAL_RANK with no GPU of its own):
+    every rank that hits it says so, local rank 0 among them or not."""
+
+    same_on_every_rank = False
 
 
 class DataMissingError(TrainerError):

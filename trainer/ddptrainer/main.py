@@ -68,8 +68,9 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
             print(f"ddptrain: {text}", file=sys.stderr, flush=True)
     except TrainerError as e:
         code, text = e.exit_code, f"{e.kind}: {e.message}"
-        if not isinstance(e, _SAME_ON_EVERY_RANK) or local_rank in (0, None):
-            where = "" if isinstance(e, _SAME_ON_EVERY_RANK) or rank is None else f"rank {rank}: "
+        same_on_every_rank = isinstance(e, _SAME_ON_EVERY_RANK) and getattr(e, "same_on_every_rank", True)
+        if not same_on_every_rank or local_rank in (0, None):
+            where = "" if same_on_every_rank or rank is None else f"rank {rank}: "
             print(f"ddptrain: error: {where}{e.message}", file=sys.stderr, flush=True)
         else:
             time.sleep(_SILENT_RANK_EXIT_DELAY_SECONDS)
