@@ -212,7 +212,7 @@ def test_the_annotation_is_written_once_while_the_watch_catches_up():
     pods = [kubelet_pod(r, attempt_at_start=0) for r in range(2)]
     for seconds in (1, 2, 3):  # the watch still shows the old annotation
         run_pass(job_body, pods, memory, kube, now=at(seconds))
-    assert [entry[1] for entry in kube.log if entry[0] == "relabel"] == ["train-node-0", "train-node-1"]
+    assert sorted(entry[1] for entry in kube.log if entry[0] == "relabel") == ["train-node-0", "train-node-1"]
 
 
 def test_an_exit_the_kubelet_does_not_restart_is_not_taken_for_a_restart():
@@ -221,3 +221,47 @@ def test_an_exit_the_kubelet_does_not_restart_is_not_taken_for_a_restart():
     done = kubelet_pod(1, running=False, exit_code=0, terminated_reason="Completed")
     plan = decide(own_job(), running_status(), [kubelet_pod(0), done], at(0))
     assert (plan.status.phase, plan.status.restarts, plan.delete) == (RUNNING, 0, ())
+
+
+def test_a_big_gangs_pods_are_armed_a_few_at_a_time_and_a_refused_write_is_tried_again():
+    """One annotation write per pod and attempt: a 64-pod gang's go RELABELS_AT_ONCE at a time
+    (never one after another, never all at once); a pod whose write failed is armed on a
+    later pass, one already armed is not written again."""
+    import threading
+    import time
+
+    from ddpjob.controller import reconcile as reconcile_module
+    from ddpjob.controller.kube import ApiError
+    from ddpjob.controller.reconcile import JobMemory
+    from tests.support.operator_fakes import FakeKube, body, run_pass
+
+    class SlowKube(FakeKube):
+        def __init__(self):
+            super().__init__()
+            self.lock, self.in_flight, self.most = threading.Lock(), 0, 0
+
+        def relabel_pod(self, namespace, name, uid, labels, *, annotations=None):
+            with self.lock:
+                self.in_flight += 1
+                self.most = max(self.most, self.in_flight)
+            try:
+                time.sleep(0.02)
+                if name == "train-node-5" and not getattr(self, "healed", False):
+                    raise ApiError(500, "InternalError", "etcd hiccup", "relabel")
+                super().relabel_pod(namespace, name, uid, labels, annotations=annotations)
+            finally:
+                with self.lock:
+                    self.in_flight -= 1
+
+    from dataclasses import replace
+
+    job_body = body(command=list(OWN_COMMAND), nnodes=64, status=replace(running_status(), nnodes=64).to_dict())
+    kube, memory = SlowKube(), JobMemory()
+    pods = [kubelet_pod(r, attempt_at_start=0) for r in range(64)]
+    run_pass(job_body, pods, memory, kube, now=at(1))  # logs the failed write; a later pass retries
+    written = sorted(entry[1] for entry in kube.log if entry[0] == "relabel")
+    assert len(written) == 63 and "train-node-5" not in written
+    assert 1 < kube.most <= reconcile_module.RELABELS_AT_ONCE
+    kube.healed = True
+    run_pass(job_body, pods, memory, kube, now=at(2))
+    assert [entry[1] for entry in kube.log if entry[0] == "relabel"][63:] == ["train-node-5"]

@@ -448,16 +448,17 @@ def _act(body: Mapping[str, Any], job: Optional[spec.DDPJob], old: JobStatus, pl
 
     if plan.restart_in_place:
         errors.extend(_order_in_place(namespace, plan, memory, kube))
-    for p in plan.adopt:
-        errors.extend(_relabel(namespace, p, kube, {names.LABEL_RESTART_ATTEMPT: str(p.attempt),
-                                                    names.LABEL_CONTAINER_RESTARTS: str(p.restarts_seen)}))
-    for p in plan.arm:
-        if memory.in_place.armed.get(p.uid) == p.attempt + 1:
-            continue  # written; the watch has not shown it yet
-        failed = _relabel(namespace, p, kube, {}, {names.ANNOTATION_ATTEMPT_AT_START: str(p.attempt + 1)})
+    # Kubelet restarts in place: carried pods relabelled, running ones armed with the next
+    # attempt (once: the watch may not show a written annotation yet).
+    arming = [p for p in plan.arm if memory.in_place.armed.get(p.uid) != p.attempt + 1]
+    writes = [(p, {names.LABEL_RESTART_ATTEMPT: str(p.attempt),
+                   names.LABEL_CONTAINER_RESTARTS: str(p.restarts_seen)}, None) for p in plan.adopt]
+    writes += [(p, {}, {names.ANNOTATION_ATTEMPT_AT_START: str(p.attempt + 1)}) for p in arming]
+    outcomes = _relabel_all(namespace, writes, kube)
+    for p, failed in zip(arming, outcomes[len(plan.adopt):]):
         if not failed:
             memory.in_place.armed[p.uid] = p.attempt + 1
-        errors.extend(failed)
+    errors.extend(e for failed in outcomes for e in failed)
 
     if plan.delete_job:
         kube.delete_job(namespace, meta["name"], meta.get("uid"))
@@ -504,6 +505,22 @@ def _relabel(namespace: str, p: PodView, kube: KubeApi, labels: Mapping[str, str
         if not (exc.not_found or exc.status in (409, 422)):
             return [exc]
     return []
+
+
+# Pod label/annotation writes of one pass in flight at once: a big gang's kubelet-restart
+# writes (one per pod and attempt) take the time of a few dozen, not of every pod in a row,
+# without taking more of the connection pool than a pass's share.
+RELABELS_AT_ONCE = 8
+
+
+def _relabel_all(namespace: str, writes: Sequence[tuple[PodView, Mapping[str, str], Optional[Mapping[str, str]]]],
+                 kube: KubeApi) -> list[list[ApiError]]:
+    """Each (pod, labels, annotations) of ``writes`` written (``_relabel``), RELABELS_AT_ONCE at
+    a time; the errors of each, in order."""
+    if len(writes) <= 1:
+        return [_relabel(namespace, p, kube, labels, annotations) for p, labels, annotations in writes]
+    with ThreadPoolExecutor(max_workers=min(len(writes), RELABELS_AT_ONCE)) as pool:
+        return list(pool.map(lambda w: _relabel(namespace, w[0], kube, w[1], w[2]), writes))
 
 
 def _order_in_place(namespace: str, plan: Plan, memory: JobMemory, kube: KubeApi) -> list[ApiError]:
