@@ -265,3 +265,36 @@ def test_a_big_gangs_pods_are_armed_a_few_at_a_time_and_a_refused_write_is_tried
     kube.healed = True
     run_pass(job_body, pods, memory, kube, now=at(2))
     assert [entry[1] for entry in kube.log if entry[0] == "relabel"][63:] == ["train-node-5"]
+
+
+@pytest.mark.parametrize("code,phase", [(0, "Succeeded"), (2, "Failed"), (127, "Failed"), (1, "Running"), (137, "Running")])
+def test_an_exit_no_rule_restarts_ends_the_pod_before_the_kubelet_says_so(code, phase):
+    """A v1.36 kubelet shows a container with its own restartPolicy terminated while the pod is
+    still Running, the phase a moment later (kind). An exit the rule does not restart (0, a
+    permanent code) is read as the phase to come; one it restarts keeps the pod Running."""
+    pod = builders.build_pod(own_job(), 0, 0, kubelet_rules=True)
+    pod["metadata"]["uid"] = "u0"
+    pod["status"] = {"phase": "Running", "containerStatuses": [{
+        "name": names.CONTAINER_NAME, "restartCount": 0,
+        "state": {"terminated": {"exitCode": code, "reason": "Error", "message": "bye"}}}]}
+    assert view_pod(pod).phase == phase
+    # Without the rule (an API server that dropped it), the pod's own word stands.
+    del pod["spec"]["containers"][0]["restartPolicyRules"]
+    assert view_pod(pod).phase == "Running"
+
+
+def test_a_job_failed_by_a_permanent_code_keeps_that_pod_and_its_log():
+    """The failed job's cleanup deletes the pods still running; the pod that exited with the
+    permanent code is finished (its log and status are what the user reads), even while its
+    kubelet still shows it Running (the test bed's 2026-12-04 run deleted it)."""
+    pods = []
+    for rank, code in ((0, None), (1, 2)):
+        pod = builders.build_pod(own_job(), rank, 0, kubelet_rules=True)
+        pod["metadata"]["uid"] = f"u{rank}"
+        state = {"running": {}} if code is None else {"terminated": {"exitCode": code, "reason": "Error"}}
+        pod["status"] = {"phase": "Running", "containerStatuses": [{
+            "name": names.CONTAINER_NAME, "restartCount": 0, "state": state}]}
+        pods.append(view_pod(pod))
+    plan = decide(own_job(), running_status(), pods, at(0))
+    assert (plan.status.phase, plan.status.reason) == ("Failed", "PodFailedPermanent"), plan.status
+    assert [p.name for p in plan.delete] == ["train-node-0"]

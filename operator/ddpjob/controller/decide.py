@@ -162,7 +162,7 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         node_rank=rank,
         attempt=attempt,
         owner_uid=owner_uid(meta),
-        phase=str(status.get("phase") or "Pending"),
+        phase=_phase(status, state, pod.get("spec") or {}),
         created_at=parse_time(meta.get("creationTimestamp")),
         deletion_at=parse_time(meta.get("deletionTimestamp")),
         node_name=str((pod.get("spec") or {}).get("nodeName") or ""),
@@ -213,6 +213,50 @@ def _count(value: Any) -> int:
 
 def _exit_code(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and -(2 ** 31) <= value < 2 ** 31 else None
+
+
+def _phase(status: Mapping[str, Any], state: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> str:
+    """The pod's phase, or the one its kubelet is about to report: a v1.36 kubelet shows the
+    exit of a container with a restartPolicy of its own (our restart rule) with the pod still
+    Running and the phase in a later update (seen on kind). An exit that no rule restarts
+    (success, a permanent code) ends the pod already: a pass in between must neither take it
+    for a running pod (a failed job's cleanup deleted it, and its log) nor for a restart."""
+    phase = str(status.get("phase") or "Pending")
+    code = _exit_code((state.get("terminated") or {}).get("exitCode")) if isinstance(state, Mapping) else None
+    if phase != POD_RUNNING or code is None or "running" in state or "waiting" in state:
+        return phase
+    container = _trainer_spec(pod_spec)
+    if container is None or not _has_restart_rule(pod_spec) or _restarts_after(container, code):
+        return phase
+    return POD_SUCCEEDED if code == 0 else POD_FAILED
+
+
+# The API allows at most 255 values in a rule (and 20 rules): more is not ours to read.
+_RULE_VALUES_LIMIT = 255
+_RULES_LIMIT = 20
+
+
+def _restarts_after(container: Mapping[str, Any], code: int) -> bool:
+    """Whether the kubelet starts ``container`` again after it exited with ``code``: the first
+    rule whose exit codes match decides (KEP-5307); without one, the container's own
+    restartPolicy."""
+    rules = container.get("restartPolicyRules")
+    for rule in (rules[:_RULES_LIMIT] if isinstance(rules, list) else ()):
+        match = rule.get("exitCodes") if isinstance(rule, Mapping) else None
+        if not isinstance(match, Mapping) or not isinstance(match.get("values"), list):
+            continue
+        listed = code in match["values"][:_RULE_VALUES_LIMIT]
+        if listed == (match.get("operator") == "In"):
+            return rule.get("action") == "Restart"
+    policy = container.get("restartPolicy")
+    return policy == "Always" or (policy == "OnFailure" and code != 0)
+
+
+def _trainer_spec(pod_spec: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    for c in pod_spec.get("containers") or ():
+        if isinstance(c, Mapping) and c.get("name") == names.CONTAINER_NAME:
+            return c
+    return None
 
 
 def _has_restart_rule(pod_spec: Mapping[str, Any]) -> bool:
