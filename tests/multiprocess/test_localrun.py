@@ -381,16 +381,22 @@ KILLED_AFTER_A_CHECKPOINT = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ddptrainer.pod_entry") is None,
-                    reason="the trainer's pod entry point (ddptrainer.pod_entry) does not exist yet")
-def test_a_killed_worker_restarts_the_gang_in_place_and_resumes_at_the_checkpoint(tmp_path):
+def run_killed_worker_job(tmp_path: Path, **spec) -> subprocess.CompletedProcess:
+    """`ddpjob run` of KILLED_AFTER_A_CHECKPOINT: one process per node, 8 steps, a checkpoint
+    every 4, at most one restart."""
     script = tmp_path / "trainer.py"
     script.write_text(KILLED_AFTER_A_CHECKPOINT)
-    manifest = write_trainer_job(tmp_path, nprocPerNode=1, failurePolicy={"maxRestarts": 1}, args=[
+    manifest = write_trainer_job(tmp_path, nprocPerNode=1, failurePolicy={"maxRestarts": 1}, **spec, args=[
         "--script", str(script), *TRAINER_ARGS[:TRAINER_ARGS.index("--max-steps")], "--max-steps", "8",
         "--checkpoint-every", "4", "--log-format", "json", "--log-every", "1",
         "--num-workers", "0", "--checkpoint-dir", "/checkpoints"])
-    result = run(manifest, "--workdir", str(tmp_path), timeout=400)
+    return run(manifest, "--workdir", str(tmp_path), timeout=400)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ddptrainer.pod_entry") is None,
+                    reason="the trainer's pod entry point (ddptrainer.pod_entry) does not exist yet")
+def test_a_killed_worker_restarts_the_gang_in_place_and_resumes_at_the_checkpoint(tmp_path):
+    result = run_killed_worker_job(tmp_path)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
     assert "node 1 exited 137 (killed (SIGKILL, often the OOM killer), retryable); restarting the gang (restart 1/1)" in result.stderr
@@ -418,15 +424,8 @@ def test_a_killed_gpu_worker_restarts_in_place_on_its_gpu_with_nccl(tmp_path):
     so the worker it forks for attempt 1 initialises CUDA and NCCL afresh on the same GPU,
     and resumes from the checkpoint. One node per GPU (at most 2), the last rank killed."""
     nnodes = min(2, local_gpu_count())
-    script = tmp_path / "trainer.py"
-    script.write_text(KILLED_AFTER_A_CHECKPOINT)
-    manifest = write_trainer_job(
-        tmp_path, nnodes=nnodes, nprocPerNode=1, device="gpu", failurePolicy={"maxRestarts": 1},
-        env=[{"name": "KILL_RANK", "value": str(nnodes - 1)}], args=[
-            "--script", str(script), *TRAINER_ARGS[:TRAINER_ARGS.index("--max-steps")], "--max-steps", "8",
-            "--checkpoint-every", "4", "--log-format", "json", "--log-every", "1",
-            "--num-workers", "0", "--checkpoint-dir", "/checkpoints"])
-    result = run(manifest, "--workdir", str(tmp_path), timeout=400)
+    result = run_killed_worker_job(tmp_path, nnodes=nnodes, device="gpu",
+                                   env=[{"name": "KILL_RANK", "value": str(nnodes - 1)}])
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
     assert f"node {nnodes - 1} exited 137" in result.stderr and "every node runs attempt 1 in place" in result.stderr, out[-6000:]
