@@ -261,11 +261,9 @@ def _trainer_spec(pod_spec: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
 
 def _has_restart_rule(pod_spec: Mapping[str, Any]) -> bool:
     """The trainer container, as stored, carries a container restart rule (builders.py)."""
-    for c in pod_spec.get("containers") or ():
-        if isinstance(c, Mapping) and c.get("name") == names.CONTAINER_NAME:
-            rules = c.get("restartPolicyRules")
-            return bool(c.get("restartPolicy") and isinstance(rules, list) and rules)
-    return False
+    c = _trainer_spec(pod_spec)
+    rules = c.get("restartPolicyRules") if c is not None else None
+    return bool(c is not None and c.get("restartPolicy") and isinstance(rules, list) and rules)
 
 
 def _unhealthy_devices(containers: Sequence[Mapping[str, Any]]) -> str:
