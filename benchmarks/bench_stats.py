@@ -174,12 +174,15 @@ def gang_times(pods: Sequence[PodObs], jobs: Sequence[JobObs], job: str, nnodes:
     """When (on the watch's clock) a job's gang of one attempt reached each milestone; None
     for one not reached. ``job_added``: the DDPJob appeared; ``all_created``: the last pod's
     ADDED; ``all_running``: every pod seen Running (or already finished); ``last_exit``: the
-    last pod seen finished; ``job_succeeded`` / ``job_finished``: the DDPJob's phase."""
+    last pod seen finished (its container exited, or its phase ended); ``job_succeeded`` / ``job_finished``: the DDPJob's phase."""
     mine = [p for p in pods if p.job == job and p.attempt == attempt]
     js = [j for j in jobs if j.name == job]
     created = first_seen(mine, lambda p: True)
     running = first_seen(mine, lambda p: p.phase == "Running" or p.phase in TERMINAL)
-    exited = first_seen(mine, lambda p: p.phase in TERMINAL)
+    # A container with restart rules of its own (KEP-5307) reports its exit while the kubelet
+    # still shows the pod Running; the operator may finish the job and delete the pod before
+    # the phase follows, so the exit is the container's, not the pod's phase.
+    exited = first_seen(mine, lambda p: p.phase in TERMINAL or p.exit_code is not None)
 
     def last(times: dict[str, float]) -> Optional[float]:
         return max(times.values()) if len(times) >= nnodes else None

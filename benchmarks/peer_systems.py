@@ -39,6 +39,7 @@ class PodSeen:
     rank: int
     phase: str
     deleting: bool
+    exit_code: Optional[int] = None  # the container's, once it terminated
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,12 @@ def pod_seen(system: System, t: float, event: str, pod: Mapping[str, Any]) -> Op
         job, rank = labels[system.job_label], int(labels[system.rank_label])
     except (KeyError, ValueError):
         return None
+    status = pod.get("status") or {}
+    containers = status.get("containerStatuses") or [{}]
+    terminated = (containers[0].get("state") or {}).get("terminated") or {}
     return PodSeen(t=t, event=event, name=meta.get("name", ""), uid=meta.get("uid", ""), job=job, rank=rank,
-                   phase=(pod.get("status") or {}).get("phase") or "Pending",
-                   deleting=meta.get("deletionTimestamp") is not None)
+                   phase=status.get("phase") or "Pending", deleting=meta.get("deletionTimestamp") is not None,
+                   exit_code=terminated.get("exitCode"))
 
 
 def job_seen(system: System, t: float, event: str, job: Mapping[str, Any]) -> JobSeen:
@@ -219,7 +223,8 @@ def milestones(pods: Sequence[PodSeen], jobs: Sequence[JobSeen], job: str, nnode
     return {"job_added": min((j.t for j in js), default=None),
             "all_created": last(lambda p: True),
             "all_running": last(lambda p: p.phase == "Running" or p.phase in TERMINAL),
-            "last_exit": last(lambda p: p.phase in TERMINAL),
+            # a container with restart rules of its own shows its exit before the pod's phase
+            "last_exit": last(lambda p: p.phase in TERMINAL or p.exit_code is not None),
             "job_finished": min((j.t for j in js if j.phase in TERMINAL), default=None)}
 
 

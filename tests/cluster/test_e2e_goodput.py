@@ -49,7 +49,9 @@ def _watch(e2e, name: str, timeout: float) -> tuple[dict[str, float], dict]:
         progress = status.get("progress") or {}
         marks = {"first": bool(status.get("phase")),
                  "train0": status.get("phase") == "Running" and progress.get("attempt") == 0,
-                 "failed": status.get("phase") == "Restarting",
+                 # a restart the kubelet did in place may be Restarting for a few ms only:
+                 # the restart count is what stays
+                 "failed": status.get("phase") == "Restarting" or int(status.get("restarts") or 0) >= 1,
                  "train1": status.get("phase") == "Running" and progress.get("attempt") == 1,
                  "done": status.get("phase") in ("Succeeded", "Failed")}
         for mark, hit in marks.items():

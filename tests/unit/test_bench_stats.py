@@ -128,6 +128,19 @@ def test_gang_times():
     assert missing["all_created"] is None and missing["all_running"] is None
 
 
+def test_gang_times_last_exit_is_the_containers_when_the_pod_phase_never_followed():
+    # A container with restart rules of its own (KEP-5307) shows its exit while its pod is
+    # still Running; the operator can finish the job and delete the pod before the phase moves.
+    pods, jobs = two_node_run()
+    P = lambda t, e, *a, **k: bs.pod_obs(t, e, pod(*a, **k))  # noqa: E731
+    exited_running = [p for p in pods if p.phase != "Succeeded"] + [
+        P(11.4, "MODIFIED", "j-node-0", "a", "Running", rank=0, exit_code=0),
+        P(11.6, "MODIFIED", "j-node-1", "b", "Running", rank=1, exit_code=0),
+        P(11.9, "DELETED", "j-node-1", "b", "Running", rank=1, exit_code=0)]
+    t = bs.gang_times(exited_running, jobs, "j", 2)
+    assert (t["last_exit"], t["job_succeeded"]) == (11.6, 11.8)
+
+
 def test_status_latencies_match_pod_rank_phase_and_attempt():
     pods, jobs = two_node_run()
     result = bs.status_latencies(pods, jobs)

@@ -61,8 +61,9 @@ def test_job_state(key, status, expected):
     assert ps.SYSTEMS[key].job_state({"status": status}) == expected
 
 
-def _pod(t, uid, phase, job="j", rank=0, event="MODIFIED"):
-    return ps.PodSeen(t=t, event=event, name=uid, uid=uid, job=job, rank=rank, phase=phase, deleting=False)
+def _pod(t, uid, phase, job="j", rank=0, event="MODIFIED", exit_code=None):
+    return ps.PodSeen(t=t, event=event, name=uid, uid=uid, job=job, rank=rank, phase=phase, deleting=False,
+                      exit_code=exit_code)
 
 
 def _job(t, phase, running, succeeded, name="j"):
@@ -85,7 +86,20 @@ def test_milestones_and_gang_replaced():
     t = ps.milestones(pods, jobs, "j", 2)
     assert (t["job_added"], t["all_created"], t["all_running"], t["last_exit"], t["job_finished"]) == \
         (0.9, 1.2, 2.5, 4.1, 4.3)
+    # a container with restart rules of its own exits while its pod still shows Running
+    exited = pods[:4] + [_pod(3.9, "a", "Running", exit_code=0), _pod(4.0, "b", "Running", rank=1, exit_code=0)]
+    assert ps.milestones(exited, jobs, "j", 2)["last_exit"] == 4.0
     live = {"b": _pod(5, "b", "Running", rank=1), "c": _pod(5, "c", "Running", rank=0)}
     assert ps.gang_replaced(live, "j", 2, victim_rank=0, victim_uid="a")
     assert not ps.gang_replaced({"a": _pod(5, "a", "Running"), **{"b": live["b"]}}, "j", 2, 0, "a")
     assert not ps.gang_replaced({"b": live["b"]}, "j", 2, 0, "a")
+
+
+def test_pod_seen_reads_the_containers_exit_code():
+    system = ps.SYSTEMS["ddpjob"]
+    pod = {"metadata": {"name": "j-node-0", "uid": "a", "labels": {system.job_label: "j", system.rank_label: "0"}},
+           "status": {"phase": "Running", "containerStatuses": [{"state": {"terminated": {"exitCode": 0}}}]}}
+    seen = ps.pod_seen(system, 1.0, "MODIFIED", pod)
+    assert (seen.job, seen.rank, seen.phase, seen.exit_code) == ("j", 0, "Running", 0)
+    pod["status"] = {"phase": "Pending"}
+    assert ps.pod_seen(system, 1.0, "ADDED", pod).exit_code is None
