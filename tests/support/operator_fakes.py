@@ -176,7 +176,7 @@ class FakeApiClient:
     def call_api(self, method, url, headers, body, query, _request_timeout=None):
         with self.lock:
             self.requests.append((method, url, headers["Content-Type"], body, query))
-        name = (body or {}).get("metadata", {}).get("name") or url.rsplit("/", 1)[-1]
+        name = (body.get("metadata", {}).get("name") if isinstance(body, dict) else None) or url.rsplit("/", 1)[-1]
         if method == "POST" and name in self.existing:
             return FakeResponse(409, {"reason": "AlreadyExists", "message": f"{name} already exists"})
         if method == "POST" and name == "refused":

@@ -23,6 +23,25 @@ def test_kube_creates_pods_concurrently_and_treats_already_exists_as_created():
     kube.close()
 
 
+def test_kube_reads_no_body_it_does_not_use_but_every_error(monkeypatch):
+    # A created or deleted pod comes back whole (kilobytes of JSON per pod); nothing reads it.
+    from ddpjob.controller import kube as kube_module
+
+    parsed = []
+    real = kube_module.fastjson.loads
+    monkeypatch.setattr(kube_module.fastjson, "loads", lambda raw: parsed.append(raw) or real(raw))
+    api = FakeApiClient(existing={"p1"})
+    kube = kube_module.Kube(api, SETTINGS)
+    outcomes = kube.create_pods([{"metadata": {"name": n, "namespace": "ns"}} for n in ("p0", "p1")])
+    kube.delete_pods("ns", [("p0", "u0")])
+    kube.relabel_pod("ns", "p0", "u0", {"a": "b"})
+    assert len(api.requests) == 4 and len(parsed) == 1  # only p1's 409, read to say why
+    assert [o.created for o in outcomes] == [True, True]
+    assert kube.patch_status("ns", "train", {"phase": "Running"}) == {"phase": "Running"}
+    assert len(parsed) == 2  # what a status write returns is read
+    kube.close()
+
+
 def test_kube_deletes_with_a_uid_precondition_and_reads_404_as_gone():
     from ddpjob.controller.kube import Kube
     api = FakeApiClient(missing={"gone"})

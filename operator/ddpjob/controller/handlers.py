@@ -12,8 +12,9 @@ How a pod change reaches the job's status in well under a second, without pollin
   so after an operator restart the first pass already sees every existing pod (no duplicates).
 * ``ddpjob_services`` does the same for the jobs' Services (``ServiceView``: whose it is), so
   a job's own Service deleted under it is recreated at once, at no request per pass.
-* ``pod_event`` (and ``service_event``) wakes the job's worker, a pod's event only when it changed
-  the pod's view (``Runtime.pod_changed``); ``ddpjob_event`` starts, updates and stops workers.
+* ``ddpjob_pods`` also wakes the job's worker when the pod's view changed
+  (``Runtime.pod_changed``), and ``pod_deleted`` when the pod is gone; ``service_event`` wakes
+  it for its Service; ``ddpjob_event`` starts, updates and stops workers.
 * The job's worker (``ddpjob.controller.workqueue``) runs one ``reconcile.reconcile`` pass
   in a thread when woken or when one of the job's clocks is due.
 
@@ -32,13 +33,14 @@ that no DDPJob handler sees; ``Kube.patch_status`` is the one status writer.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Mapping, Optional
 
 import kopf
 
 from ddpjob.api import names
-from ddpjob.controller import kueue
+from ddpjob.controller import fastjson, kueue
 from ddpjob.controller.decide import Event, PodView, ServiceView, view_pod, view_service
 from ddpjob.controller import metrics
 from ddpjob.controller.kube import Kube
@@ -55,7 +57,7 @@ class _QuietWatchHandlers(logging.Filter):
     lines (and CPU) for one big gang, saying nothing. Failures are still logged."""
 
     QUIET = tuple(f"Handler {name!r} succeeded" for name in (
-        "pod_event", "ddpjob_event", "ddpjob_pods", "workload_event", "ddpjob_workloads",
+        "pod_deleted", "ddpjob_event", "ddpjob_pods", "workload_event", "ddpjob_workloads",
         "service_event", "ddpjob_services")) + (
         "Activity 'leader' succeeded",)  # the probe handler, at every liveness/readiness check
 
@@ -85,6 +87,7 @@ def configure_kopf(settings: kopf.OperatorSettings, registry: Optional[kopf.Oper
     storage = kopf.AnnotationsDiffBaseStorage if essence_read else UnreadDiffBaseStorage
     settings.persistence.diffbase_storage = storage(prefix=names.API_GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{names.API_GROUP}/finalizer"  # never added: see above
+    _speed_up_kopf_json()
     # Server-side filtering: the API server sends only pods that carry the job label, instead of
     # every pod of the cluster for kopf to drop.
     settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB_NAME
@@ -93,6 +96,15 @@ def configure_kopf(settings: kopf.OperatorSettings, registry: Optional[kopf.Oper
         kopf_logger = logging.getLogger(name)
         if not any(isinstance(f, _QuietWatchHandlers) for f in kopf_logger.filters):
             kopf_logger.addFilter(_QuietWatchHandlers())
+
+
+def _speed_up_kopf_json() -> bool:
+    """kopf's watch streams decode with ``fastjson.loads`` (fastjson.py says why)."""
+    try:
+        from kopf._cogs.clients import api as kopf_api  # kopf's private client module
+    except ImportError:
+        kopf_api = None
+    return fastjson.speed_up(kopf_api)
 
 
 def _kopf_event(body: Mapping[str, Any], event: Event) -> None:
@@ -136,21 +148,30 @@ async def cleanup(**_: Any) -> None:
 @kopf.index("v1", "pods", labels=POD_FILTER)
 async def ddpjob_pods(body: Mapping[str, Any], **_: Any) -> dict[JobKey, PodView]:
     """(namespace, job name) -> the views of its pods. An empty dict drops a pod that lost its
-    rank labels (None would keep its old value)."""
+    rank labels (None would keep its old value).
+
+    It also wakes the pod's job when the view changed (``Runtime.pod_changed``): one handler
+    per pod event instead of an index handler and an event handler, each of which cost kopf's
+    per-handler machinery on every event of every pod (benchmarks/README.md, many jobs). The
+    wake is scheduled, not called: kopf stores the returned value in the index right after this
+    returns, in the same step of its task, and the job's pass must read the index after that."""
     view = view_pod(body)
-    if view is None:
-        return {}
-    meta = body.get("metadata") or {}
-    return {(str(meta.get("namespace")), str(meta["labels"][names.LABEL_JOB_NAME])): view}
-
-
-@kopf.on.event("v1", "pods", labels=POD_FILTER)
-async def pod_event(body: Mapping[str, Any], event: Optional[Mapping[str, Any]] = None, **_: Any) -> None:
-    """Wakes the pod's job when its view changed (``Runtime.pod_changed``)."""
     meta = body.get("metadata") or {}
     key = (str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME)))
-    gone = (event or {}).get("type") == "DELETED"
-    RUNTIME.pod_changed(key, str(meta.get("uid")), None if gone else view_pod(body))
+    asyncio.get_running_loop().call_soon(RUNTIME.pod_changed, key, str(meta.get("uid")), view)
+    return {} if view is None else {key: view}
+
+
+def _deleted(event: Optional[Mapping[str, Any]] = None, **_: Any) -> bool:
+    return (event or {}).get("type") == "DELETED"
+
+
+@kopf.on.event("v1", "pods", labels=POD_FILTER, when=_deleted)
+async def pod_deleted(body: Mapping[str, Any], **_: Any) -> None:
+    """A deleted pod (kopf's index drops it without calling ``ddpjob_pods``) wakes its job."""
+    meta = body.get("metadata") or {}
+    key = (str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME)))
+    RUNTIME.pod_changed(key, str(meta.get("uid")), None)
 
 
 # The jobs' Services (labelled like their pods): a job's own Service deleted while it runs is
