@@ -145,6 +145,12 @@ async def cleanup(**_: Any) -> None:
     await RUNTIME.stop()
 
 
+def _job_key(body: Mapping[str, Any]) -> JobKey:
+    """(namespace, job name) of a labelled child: the key of the indexes and the workers."""
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME))
+
+
 @kopf.index("v1", "pods", labels=POD_FILTER)
 async def ddpjob_pods(body: Mapping[str, Any], **_: Any) -> dict[JobKey, PodView]:
     """(namespace, job name) -> the views of its pods. An empty dict drops a pod that lost its
@@ -156,9 +162,9 @@ async def ddpjob_pods(body: Mapping[str, Any], **_: Any) -> dict[JobKey, PodView
     wake is scheduled, not called: kopf stores the returned value in the index right after this
     returns, in the same step of its task, and the job's pass must read the index after that."""
     view = view_pod(body)
-    meta = body.get("metadata") or {}
-    key = (str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME)))
-    asyncio.get_running_loop().call_soon(RUNTIME.pod_changed, key, str(meta.get("uid")), view)
+    key = _job_key(body)
+    uid = str((body.get("metadata") or {}).get("uid"))
+    asyncio.get_running_loop().call_soon(RUNTIME.pod_changed, key, uid, view)
     return {} if view is None else {key: view}
 
 
@@ -169,9 +175,7 @@ def _deleted(event: Optional[Mapping[str, Any]] = None, **_: Any) -> bool:
 @kopf.on.event("v1", "pods", labels=POD_FILTER, when=_deleted)
 async def pod_deleted(body: Mapping[str, Any], **_: Any) -> None:
     """A deleted pod (kopf's index drops it without calling ``ddpjob_pods``) wakes its job."""
-    meta = body.get("metadata") or {}
-    key = (str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME)))
-    RUNTIME.pod_changed(key, str(meta.get("uid")), None)
+    RUNTIME.pod_changed(_job_key(body), str((body.get("metadata") or {}).get("uid")), None)
 
 
 # The jobs' Services (labelled like their pods): a job's own Service deleted while it runs is
@@ -179,28 +183,24 @@ async def pod_deleted(body: Mapping[str, Any], **_: Any) -> None:
 # anything is created. One that lacks the label is found by the creation (kube.create_service).
 @kopf.index("v1", "services", labels=POD_FILTER)
 async def ddpjob_services(body: Mapping[str, Any], **_: Any) -> dict[JobKey, ServiceView]:
-    meta = body.get("metadata") or {}
-    return {(str(meta.get("namespace")), str(meta["labels"][names.LABEL_JOB_NAME])): view_service(body)}
+    return {_job_key(body): view_service(body)}
 
 
 @kopf.on.event("v1", "services", labels=POD_FILTER)
 async def service_event(body: Mapping[str, Any], **_: Any) -> None:
-    meta = body.get("metadata") or {}
-    RUNTIME.wake((str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME))))
+    RUNTIME.wake(_job_key(body))
 
 
 # Kueue's Workloads of queued DDPJobs (docs/kueue.md). Without Kueue's CRDs kopf serves nothing
 # here and keeps watching for them to appear; jobs without the queue label never have one.
 @kopf.index(kueue.GROUP, kueue.VERSION, kueue.WORKLOAD_PLURAL, labels=POD_FILTER)
 async def ddpjob_workloads(body: Mapping[str, Any], **_: Any) -> dict[JobKey, kueue.WorkloadView]:
-    meta = body.get("metadata") or {}
-    return {(str(meta.get("namespace")), str(meta["labels"][names.LABEL_JOB_NAME])): kueue.view_workload(body)}
+    return {_job_key(body): kueue.view_workload(body)}
 
 
 @kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOAD_PLURAL, labels=POD_FILTER)
 async def workload_event(body: Mapping[str, Any], **_: Any) -> None:
-    meta = body.get("metadata") or {}
-    RUNTIME.wake((str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME))))
+    RUNTIME.wake(_job_key(body))
 
 
 @kopf.on.event(names.API_GROUP, names.API_VERSION, names.PLURAL)
