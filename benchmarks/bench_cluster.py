@@ -241,13 +241,15 @@ class Bed:
     @contextlib.contextmanager
     def profiled(self, output: Optional[Path]) -> Iterator[None]:
         """py-spy samples the operator while the block runs (``output``: its collapsed stacks;
-        None: no profiling). py-spy is a PyPI tool, not a dependency: `pip install py-spy`."""
+        None: no profiling), only the thread that holds the GIL (``--gil``): the samples are then
+        the Python code that costs CPU, not threads waiting for a socket, a queue or the GIL.
+        py-spy is a PyPI tool, not a dependency: `pip install py-spy`."""
         if output is None:
             yield
             return
         output.parent.mkdir(parents=True, exist_ok=True)
         spy = subprocess.Popen(["py-spy", "record", "--pid", str(self.operator_pid), "--rate", "100",
-                                "--format", "raw", "--output", str(output), "--nonblocking"],
+                                "--format", "raw", "--output", str(output), "--nonblocking", "--gil"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # attached before the measured work starts
         try:

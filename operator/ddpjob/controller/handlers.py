@@ -40,7 +40,7 @@ from typing import Any, Mapping, Optional
 import kopf
 
 from ddpjob.api import names
-from ddpjob.controller import fastjson, kueue
+from ddpjob.controller import collector, fastjson, kueue
 from ddpjob.controller.decide import Event, PodView, ServiceView, view_pod, view_service
 from ddpjob.controller import metrics
 from ddpjob.controller.kube import Kube
@@ -131,6 +131,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
                   elect=operator_elector if operator_settings.leader_election else None)
     await RUNTIME.start_election()
     metrics.serve(operator_settings.metrics_port)
+    collector.settle()  # everything the process holds from now on: collector.py says why
 
 
 @kopf.on.probe(id="leader")
