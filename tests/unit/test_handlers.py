@@ -4,6 +4,7 @@ and the ddpjob-operator command."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import kopf
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from ddpjob.api import names
 from ddpjob.controller import handlers, workqueue
 from ddpjob.controller.decide import ServiceView
+from ddpjob.controller.podwatch import PodIndex, PodWatch
 from tests.support.jobs import UID, pod_view
 from tests.support.operator_fakes import SETTINGS, FakeKube, body, eventually
 
@@ -24,10 +26,12 @@ def test_no_handler_makes_kopf_add_a_finalizer():
     registry = kopf.get_default_registry()
     assert registry._changing.get_all_handlers() == [] and registry._spawning.get_all_handlers() == []
     # (kopf adds finalizers only for changing/deletion handlers and daemons/timers: none here)
-    assert {h.id for h in registry._indexing.get_all_handlers()} == {"ddpjob_pods", "ddpjob_workloads",
-                                                                      "ddpjob_services"}
-    assert {h.id for h in registry._watching.get_all_handlers()} == {"pod_deleted", "ddpjob_event", "workload_event",
+    assert {h.id for h in registry._indexing.get_all_handlers()} == {"ddpjob_workloads", "ddpjob_services"}
+    assert {h.id for h in registry._watching.get_all_handlers()} == {"ddpjob_event", "workload_event",
                                                                       "service_event"}
+    # kopf does not watch pods at all: the operator's own pod watch does (podwatch.py says why)
+    handlers_ = [*registry._indexing.get_all_handlers(), *registry._watching.get_all_handlers()]
+    assert not any(h.selector.plural == "pods" for h in handlers_)
 
 
 def test_kopf_state_lives_under_the_project_group_and_only_our_pods_are_watched():
@@ -37,7 +41,6 @@ def test_kopf_state_lives_under_the_project_group_and_only_our_pods_are_watched(
     assert settings.persistence.diffbase_storage.prefix == "ddpjob.dev"
     assert settings.persistence.diffbase_storage.key == "last-handled-configuration"
     from kopf._cogs.structs.references import Resource
-    assert list(settings.watching.label_selectors.collect(Resource("", "v1", "pods"))) == [names.LABEL_JOB_NAME]
     assert list(settings.watching.label_selectors.collect(Resource("", "v1", "services"))) == [names.LABEL_JOB_NAME]
 
 
@@ -70,13 +73,6 @@ def pod_body(rank="1", attempt="0", phase="Running"):
             "status": {"phase": phase}}
 
 
-def test_the_pod_index_is_keyed_by_namespace_and_job():
-    result = asyncio.run(handlers.ddpjob_pods(body=pod_body()))
-    ((key, value),) = result.items()
-    assert key == ("ns", "train") and value.node_rank == 1 and value.phase == "Running"
-    assert asyncio.run(handlers.ddpjob_pods(body=pod_body(rank="x"))) == {}
-
-
 def test_the_service_index_says_whose_each_service_is():
     service = {"metadata": {"name": "train", "namespace": "ns", "uid": "s1", "labels": {names.LABEL_JOB_NAME: "train"},
                             "ownerReferences": [{"kind": "DDPJob", "name": "train", "uid": UID, "controller": True}]}}
@@ -86,16 +82,14 @@ def test_the_service_index_says_whose_each_service_is():
 
 def test_a_deleted_service_wakes_the_job_and_is_recreated():
     async def scenario():
-        runtime, kube, pods, services = workqueue.Runtime(), FakeKube(), {}, {}
+        runtime, kube, services = workqueue.Runtime(), FakeKube(), {}
         runtime.start(SETTINGS, lambda settings: kube)
-        handlers.RUNTIME, saved = runtime, handlers.RUNTIME
+        pods = pod_watch(runtime)
         try:
-            await handlers.ddpjob_event(event={"type": None, "object": body()}, ddpjob_pods=pods,
-                                        ddpjob_services=services)
+            await handlers.ddpjob_event(event={"type": None, "object": body()}, ddpjob_services=services)
             await eventually(lambda: "create_pods" in kube.kinds())
-            pods[("ns", "train")] = [view(0), view(1)]
             services[("ns", "train")] = [ServiceView("train", "s1", owner_uid=UID)]
-            await handlers.ddpjob_pods(body=pod_body())
+            pods.deliver(pod_body("0"), pod_body("1"))
             await eventually(lambda: (kube.status or {}).get("phase") == "Running")
             kube.log.clear()
             del services[("ns", "train")]  # the Service watch: DELETED
@@ -104,7 +98,7 @@ def test_a_deleted_service_wakes_the_job_and_is_recreated():
             await eventually(lambda: "create_service" in kube.kinds())
             assert "create_pods" not in kube.kinds() and "delete" not in kube.kinds()
         finally:
-            handlers.RUNTIME = saved
+            pods.restore()
             await runtime.stop()
 
     asyncio.run(scenario())
@@ -112,32 +106,31 @@ def test_a_deleted_service_wakes_the_job_and_is_recreated():
 
 def test_workers_react_to_pod_events_and_stop_with_the_job():
     async def scenario():
-        runtime, kube, index = workqueue.Runtime(), FakeKube(), {}
+        runtime, kube = workqueue.Runtime(), FakeKube()
         runtime.start(SETTINGS, lambda settings: kube)
-        handlers.RUNTIME, saved = runtime, handlers.RUNTIME
+        pods = pod_watch(runtime)
         try:
             # kopf calls: the DDPJob is listed -> a worker starts and creates the gang.
-            await handlers.ddpjob_event(event={"type": None, "object": body()}, ddpjob_pods=index)
+            await handlers.ddpjob_event(event={"type": None, "object": body()})
             await eventually(lambda: "create_pods" in kube.kinds())
             # the pods run: the pod watch updates the index and wakes the worker.
-            index[("ns", "train")] = [view(0), view(1)]
-            await handlers.ddpjob_pods(body=pod_body())
+            pods.deliver(pod_body("0"), pod_body("1"))
             await eventually(lambda: (kube.status or {}).get("phase") == "Running")
             # our own status write comes back as an event: no pass, no request.
             writes = kube.kinds().count("patch_status")
-            await handlers.ddpjob_event(event={"type": "MODIFIED", "object": body(status=kube.status)}, ddpjob_pods=index)
+            await handlers.ddpjob_event(event={"type": "MODIFIED", "object": body(status=kube.status)})
             await asyncio.sleep(0.05)
             assert kube.kinds().count("patch_status") == writes
             # suspend (a spec change: new generation) wakes it.
-            await handlers.ddpjob_event(event={"type": "MODIFIED", "object": body(generation=2, suspend=True)}, ddpjob_pods=index)
+            await handlers.ddpjob_event(event={"type": "MODIFIED", "object": body(generation=2, suspend=True)})
             await eventually(lambda: (kube.status or {}).get("phase") == "Suspended")
             # deleted: the worker goes.
             worker = runtime.workers[("ns", "train")]
-            await handlers.ddpjob_event(event={"type": "DELETED", "object": body()}, ddpjob_pods=index)
+            await handlers.ddpjob_event(event={"type": "DELETED", "object": body()})
             await eventually(lambda: worker.task.done())
             assert runtime.workers == {}
         finally:
-            handlers.RUNTIME = saved
+            pods.restore()
             await runtime.stop()
 
     asyncio.run(scenario())
@@ -168,74 +161,53 @@ def test_only_a_pod_event_that_changes_what_a_pass_sees_wakes_the_job():
     runtime = workqueue.Runtime()
     woken = {key: asyncio.Event() for key in (("ns", "train"), ("ns", "other"))}
     runtime.workers = {key: type("Worker", (), {"wakeup": event})() for key, event in woken.items()}
-    handlers.RUNTIME, saved = runtime, handlers.RUNTIME
-
-    async def deliver(pod, kind):  # as kopf does: the index handler, or on DELETED the event handler
-        if kind == "DELETED":
-            await handlers.pod_deleted(body=pod, event={"type": kind, "object": pod})
-        else:
-            await handlers.ddpjob_pods(body=pod)
-        await asyncio.sleep(0)  # the index handler's wake is scheduled
+    watch = PodWatch(None, [], PodIndex(), runtime.pod_changed)
 
     def event(pod, kind="MODIFIED"):
         for e in woken.values():
             e.clear()
-        asyncio.run(deliver(pod, kind))
+        watch._apply(None, watch._changes([pod], deleted=kind == "DELETED"), listed=False)
         return {key[1] for key, e in woken.items() if e.is_set()}
 
-    try:
-        pod = pod_body(phase="Pending")
-        assert event(pod, "ADDED") == {"train"}
-        pod["metadata"]["resourceVersion"] = "2"
-        pod["status"]["conditions"] = [{"type": "Initialized", "status": "True"}]
-        assert event(pod) == set()  # nothing the job's pass reads
-        pod["status"]["phase"] = "Running"
-        assert event(pod) == {"train"}
-        assert event(pod) == set()
-        pod["metadata"]["labels"][names.LABEL_JOB_NAME] = "other"  # relabelled: both jobs look again
-        assert event(pod) == {"train", "other"}
-        assert event(pod, "DELETED") == {"other"}
-        assert runtime.pod_views == {}  # nothing kept of a pod that is gone
-        assert event(pod, "ADDED") == {"other"}
-    finally:
-        handlers.RUNTIME = saved
+    pod = pod_body(phase="Pending")
+    assert event(pod, "ADDED") == {"train"}
+    pod["metadata"]["resourceVersion"] = "2"
+    pod["status"]["conditions"] = [{"type": "Initialized", "status": "True"}]
+    assert event(pod) == set()  # nothing the job's pass reads
+    pod["status"]["phase"] = "Running"
+    assert event(pod) == {"train"}
+    assert event(pod) == set()
+    pod["metadata"]["labels"][names.LABEL_JOB_NAME] = "other"  # relabelled: both jobs look again
+    assert event(pod) == {"train", "other"}
+    assert [v.name for v in watch.index[("ns", "other")]] == ["train-node-1"] and ("ns", "train") not in watch.index
+    assert event(pod, "DELETED") == {"other"}
+    assert runtime.pod_views == {} and dict(watch.index) == {}  # nothing kept of a pod that is gone
+    assert event(pod, "ADDED") == {"other"}
 
 
-def test_only_a_deleted_pod_reaches_the_pod_event_handler():
-    # Every other pod event is the index handler's alone: kopf's machinery per handler call was
-    # a tenth of the operator's CPU with 100 jobs (benchmarks/README.md, many jobs).
-    registry = kopf.get_default_registry()
-    [handler] = [h for h in registry._watching.get_all_handlers() if h.id == "pod_deleted"]
-    assert handler.when(event={"type": "DELETED", "object": pod_body()})
-    for kind in ("ADDED", "MODIFIED", None):
-        assert not handler.when(event={"type": kind, "object": pod_body()})
+class pod_watch:
+    """The handlers' pod index and a started watch whose list is empty, with a way to deliver
+    pod events as the watch thread would (onto the event loop)."""
 
+    def __init__(self, runtime):
+        self.saved = handlers.RUNTIME, handlers.PODS, handlers.POD_WATCH
+        handlers.RUNTIME, handlers.PODS = runtime, PodIndex()
 
-def test_the_index_holds_the_pods_new_view_when_its_job_is_woken(monkeypatch):
-    # kopf's own indexing step, not a stand-in: a job's pass reads the index, so the wake that
-    # ddpjob_pods asks for must come after kopf stored what it returned.
-    from kopf._cogs.structs.references import Resource
-    from kopf._core.engines import indexing
+        class Empty:
+            def list_pods(self, namespace, selector):
+                return [], "1"
 
-    registry = kopf.get_default_registry()
-    indexers = indexing.OperatorIndexers()
-    indexers.ensure(registry._indexing.get_all_handlers())
-    seen = []
+            def watch_pods(self, namespace, selector, version, *, server_timeout, stopped):
+                while not stopped():
+                    time.sleep(0.005)
+                return iter(())
 
-    def pod_changed(key, uid, view):
-        seen.append([v.phase for v in indexers.indices["ddpjob_pods"].get(key, [])])
+        self.watch = handlers.POD_WATCH = PodWatch(Empty(), [], handlers.PODS, runtime.pod_changed)
+        self.watch.start()
 
-    monkeypatch.setattr(handlers.RUNTIME, "pod_changed", pod_changed)
-    resource = Resource("", "v1", "pods")
+    def deliver(self, *pods):
+        self.watch._apply(None, self.watch._changes(list(pods)), listed=False)
 
-    async def deliver(phase):
-        raw = pod_body(phase=phase)
-        await indexing.index_resource(
-            indexers=indexers, registry=registry, settings=kopf.OperatorSettings(), resource=resource,
-            raw_event={"type": "MODIFIED", "object": raw}, memory=indexing.IndexingMemory(),
-            logger=handlers.logger, memo=kopf.Memo(), body=kopf.Body(raw))
-        await asyncio.sleep(0)
-
-    asyncio.run(deliver("Pending"))
-    asyncio.run(deliver("Running"))
-    assert seen == [["Pending"], ["Running"]]
+    def restore(self):
+        self.watch.stop()
+        handlers.RUNTIME, handlers.PODS, handlers.POD_WATCH = self.saved

@@ -6,15 +6,18 @@ Run it (see docs/operator.md)::
 
 How a pod change reaches the job's status in well under a second, without polling:
 
-* ``ddpjob_pods``, a kopf index fed by the pod watch, keeps a small ``PodView`` of every pod
-  labelled ``ddpjob.dev/job-name``, keyed by (namespace, job). The operator never reads pods
-  from the API; kopf fills the index from its initial listing before any DDPJob handler runs,
-  so after an operator restart the first pass already sees every existing pod (no duplicates).
-* ``ddpjob_services`` does the same for the jobs' Services (``ServiceView``: whose it is), so
-  a job's own Service deleted under it is recreated at once, at no request per pass.
-* ``ddpjob_pods`` also wakes the job's worker when the pod's view changed
-  (``Runtime.pod_changed``), and ``pod_deleted`` when the pod is gone; ``service_event`` wakes
-  it for its Service; ``ddpjob_event`` starts, updates and stops workers.
+* ``PODS``, the operator's own pod index (``controller.podwatch``), keeps a small ``PodView`` of
+  every pod labelled ``ddpjob.dev/job-name``, keyed by (namespace, job). Its watch (a list, then
+  a watch, in threads of its own, started by ``startup``) wakes the job's worker when a pod's
+  view changed or the pod went (``Runtime.pod_changed``). It is not a kopf index: kopf's
+  per-object machinery on every pod event was most of the operator's CPU (podwatch.py says
+  why). ``ddpjob_event`` waits until its first list is in, so after an operator restart the
+  first pass already sees every existing pod (no duplicates). Passes never read pods from the
+  API.
+* ``ddpjob_services``, a kopf index, does the same for the jobs' Services (``ServiceView``:
+  whose it is), so a job's own Service deleted under it is recreated at once, at no request per
+  pass; ``service_event`` wakes the job for its Service.
+* ``ddpjob_event`` starts, updates and stops workers.
 * The job's worker (``ddpjob.controller.workqueue``) runs one ``reconcile.reconcile`` pass
   in a thread when woken or when one of the job's clocks is due.
 
@@ -33,7 +36,6 @@ that no DDPJob handler sees; ``Kube.patch_status`` is the one status writer.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Mapping, Optional
 
@@ -41,10 +43,11 @@ import kopf
 
 from ddpjob.api import names
 from ddpjob.controller import collector, fastjson, kueue
-from ddpjob.controller.decide import Event, PodView, ServiceView, view_pod, view_service
+from ddpjob.controller.decide import Event, ServiceView, view_service
 from ddpjob.controller import metrics
 from ddpjob.controller.kube import Kube
 from ddpjob.controller.leader import operator_elector
+from ddpjob.controller.podwatch import PodIndex, PodWatch
 from ddpjob.controller.settings import load_settings
 from ddpjob.controller.workqueue import JobKey, Runtime
 
@@ -57,7 +60,7 @@ class _QuietWatchHandlers(logging.Filter):
     lines (and CPU) for one big gang, saying nothing. Failures are still logged."""
 
     QUIET = tuple(f"Handler {name!r} succeeded" for name in (
-        "pod_deleted", "ddpjob_event", "ddpjob_pods", "workload_event", "ddpjob_workloads",
+        "ddpjob_event", "workload_event", "ddpjob_workloads",
         "service_event", "ddpjob_services")) + (
         "Activity 'leader' succeeded",)  # the probe handler, at every liveness/readiness check
 
@@ -80,7 +83,7 @@ class UnreadDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 
 def configure_kopf(settings: kopf.OperatorSettings, registry: Optional[kopf.OperatorRegistry] = None) -> None:
-    """kopf's own state under the project's API group, and only our pods on the pod watch."""
+    """kopf's own state under the project's API group, and only our Services on its watch."""
     registry = registry if registry is not None else kopf.get_default_registry()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.API_GROUP)
     essence_read = bool(registry._changing.get_all_handlers() or registry._spawning.get_all_handlers())
@@ -88,9 +91,8 @@ def configure_kopf(settings: kopf.OperatorSettings, registry: Optional[kopf.Oper
     settings.persistence.diffbase_storage = storage(prefix=names.API_GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{names.API_GROUP}/finalizer"  # never added: see above
     _speed_up_kopf_json()
-    # Server-side filtering: the API server sends only pods that carry the job label, instead of
-    # every pod of the cluster for kopf to drop.
-    settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB_NAME
+    # Server-side filtering: the API server sends only Services that carry the job label, instead
+    # of every Service of the cluster for kopf to drop (the pod watch filters the same way).
     settings.watching.label_selectors["v1", "services"] = names.LABEL_JOB_NAME
     for name in ("kopf.objects", "kopf.activities.probe"):
         kopf_logger = logging.getLogger(name)
@@ -118,6 +120,11 @@ def _kopf_event(body: Mapping[str, Any], event: Event) -> None:
 
 
 RUNTIME = Runtime()
+PODS = PodIndex()  # the pods of every job, as the pod watch last saw them
+POD_WATCH: Optional[PodWatch] = None  # started by ``startup``
+# The namespaces kopf serves, for the pod watch to serve the same (``main`` sets them from its
+# flags); None: from the settings (DDPJOB_OPERATOR_NAMESPACES; empty: all).
+NAMESPACES: Optional[list[str]] = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,8 +137,19 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     RUNTIME.start(operator_settings, Kube.connect, _kopf_event,
                   elect=operator_elector if operator_settings.leader_election else None)
     await RUNTIME.start_election()
+    start_pod_watch(operator_settings)
     metrics.serve(operator_settings.metrics_port)
     collector.settle()  # everything the process holds from now on: collector.py says why
+
+
+def start_pod_watch(operator_settings: Any) -> PodWatch:
+    """The pod watch, on a client of its own (its connections stay open for minutes)."""
+    global POD_WATCH
+    namespaces = NAMESPACES if NAMESPACES is not None else [
+        n.strip() for n in operator_settings.namespaces.split(",") if n.strip()]
+    POD_WATCH = PodWatch(Kube.connect(operator_settings), namespaces, PODS, RUNTIME.pod_changed)
+    POD_WATCH.start()
+    return POD_WATCH
 
 
 @kopf.on.probe(id="leader")
@@ -143,6 +161,8 @@ def leader_probe(**_: Any) -> dict[str, Any]:
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    if POD_WATCH is not None:
+        POD_WATCH.stop()
     await RUNTIME.stop()
 
 
@@ -150,33 +170,6 @@ def _job_key(body: Mapping[str, Any]) -> JobKey:
     """(namespace, job name) of a labelled child: the key of the indexes and the workers."""
     meta = body.get("metadata") or {}
     return str(meta.get("namespace")), str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME))
-
-
-@kopf.index("v1", "pods", labels=POD_FILTER)
-async def ddpjob_pods(body: Mapping[str, Any], **_: Any) -> dict[JobKey, PodView]:
-    """(namespace, job name) -> the views of its pods. An empty dict drops a pod that lost its
-    rank labels (None would keep its old value).
-
-    It also wakes the pod's job when the view changed (``Runtime.pod_changed``): one handler
-    per pod event instead of an index handler and an event handler, each of which cost kopf's
-    per-handler machinery on every event of every pod (benchmarks/README.md, many jobs). The
-    wake is scheduled, not called: kopf stores the returned value in the index right after this
-    returns, in the same step of its task, and the job's pass must read the index after that."""
-    view = view_pod(body)
-    key = _job_key(body)
-    uid = str((body.get("metadata") or {}).get("uid"))
-    asyncio.get_running_loop().call_soon(RUNTIME.pod_changed, key, uid, view)
-    return {} if view is None else {key: view}
-
-
-def _deleted(event: Optional[Mapping[str, Any]] = None, **_: Any) -> bool:
-    return (event or {}).get("type") == "DELETED"
-
-
-@kopf.on.event("v1", "pods", labels=POD_FILTER, when=_deleted)
-async def pod_deleted(body: Mapping[str, Any], **_: Any) -> None:
-    """A deleted pod (kopf's index drops it without calling ``ddpjob_pods``) wakes its job."""
-    RUNTIME.pod_changed(_job_key(body), str((body.get("metadata") or {}).get("uid")), None)
 
 
 # The jobs' Services (labelled like their pods): a job's own Service deleted while it runs is
@@ -205,10 +198,11 @@ async def workload_event(body: Mapping[str, Any], **_: Any) -> None:
 
 
 @kopf.on.event(names.API_GROUP, names.API_VERSION, names.PLURAL)
-async def ddpjob_event(event: Mapping[str, Any], ddpjob_pods: Mapping[JobKey, Any],
-                       ddpjob_workloads: Optional[Mapping[JobKey, Any]] = None,
+async def ddpjob_event(event: Mapping[str, Any], ddpjob_workloads: Optional[Mapping[JobKey, Any]] = None,
                        ddpjob_services: Optional[Mapping[JobKey, Any]] = None, **_: Any) -> None:
-    RUNTIME.observe(event.get("type"), event["object"], ddpjob_pods, ddpjob_workloads, ddpjob_services)
+    if POD_WATCH is not None:
+        await POD_WATCH.wait_ready()  # every existing pod in the index before the first pass
+    RUNTIME.observe(event.get("type"), event["object"], PODS, ddpjob_workloads, ddpjob_services)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +229,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     namespaces = args.namespaces or ([] if args.all_namespaces else
                                      [n.strip() for n in defaults.namespaces.split(",") if n.strip()])
     kopf.configure(verbose=args.verbose)
+    global NAMESPACES
+    NAMESPACES = list(namespaces)  # the pod watch's scope: the same as kopf's
     kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces,
              liveness_endpoint=args.liveness)
     return 0

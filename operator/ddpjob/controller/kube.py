@@ -1,5 +1,6 @@
-"""The operator's own Kubernetes requests: nine kinds of write and three reads, nothing else, and
-the leader election's Lease (get, create, update: ``controller.leader``).
+"""The operator's own Kubernetes requests: nine kinds of write and three reads, nothing else, the
+leader election's Lease (get, create, update: ``controller.leader``), and the pod watch's list and
+watch of the job-labelled pods (``controller.podwatch``).
 
 Writes: patch a DDPJob's status, create its Service, create and delete its pods, relabel a pod
 it restarted in place (a JSON patch of its attempt label that tests the pod's uid), delete the
@@ -7,9 +8,9 @@ DDPJob (ttlSecondsAfterFinished); for a job Kueue queues, create its Workload, p
 Workload's status, and delete it when it is stale (the job queues again with a new one). Reads:
 the Service with the job's name when creating it found one there (whose it is), and only for
 Kueue, a WorkloadPriorityClass (once per Workload created) and the admitted ResourceFlavors (when
-an admitted gang is created). Pods, DDPJobs, the job's Services and Workloads are never listed
-here: what the operator knows of them comes from kopf's watches (the indexes), so the request
-count per pod is a constant (one create, at most one delete).
+an admitted gang is created). No pass reads a pod, a DDPJob, a Service or a Workload: what the
+operator knows of them comes from watches (the pod watch's index, kopf's for the rest), so the
+request count per pod is a constant (one create, at most one delete).
 
 Every write but the Lease's passes the ``fence`` first: a replica that is not the leader (or
 no longer sure it is: its renew deadline passed) sends nothing (docs/operator.md, "High
@@ -31,7 +32,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from ddpjob.api import names
 from ddpjob.controller import fastjson, metrics
@@ -42,6 +43,20 @@ logger = logging.getLogger(__name__)
 FIELD_MANAGER = "ddpjob-operator"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 NOT_LEADER = "NotLeader"
+
+
+LIST_PAGE = 500  # pods per page of the pod watch's list
+WATCH_READ_BYTES = 64 * 1024
+WATCH_READ_GRACE_SECONDS = 30
+MAX_WATCH_EVENT_BYTES = 16 * 1024 * 1024  # the API server's request limit is 3 MiB; etcd's 1.5 MiB
+
+
+def _decoded(raw: bytes) -> dict:
+    try:
+        data = fastjson.loads(raw)
+    except ValueError:
+        return {"message": raw.decode("utf-8", "replace")[:500]}
+    return data if isinstance(data, dict) else {"message": str(data)[:500]}
 
 
 class ApiError(Exception):
@@ -327,6 +342,63 @@ class Kube:
 
         return self.request("GET", f"/apis/{kueue.GROUP}/{kueue.VERSION}/resourceflavors/{name}",
                             what=f"get ResourceFlavor {name}")
+
+    # --- the pod watch (controller.podwatch): the job-labelled pods, listed then watched -------
+    def list_pods(self, namespace: Optional[str], selector: str) -> tuple[list[dict], str]:
+        """Every pod matching ``selector`` in ``namespace`` (None: all namespaces), in pages of
+        ``LIST_PAGE`` pods, and the resourceVersion to watch from."""
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        items: list[dict] = []
+        token = ""
+        while True:
+            query = [("labelSelector", selector), ("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
+            page = self.request("GET", path, query=query, what=f"list pods ({namespace or 'all namespaces'})")
+            items += page.get("items") or []
+            meta = page.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def watch_pods(self, namespace: Optional[str], selector: str, resource_version: str, *,
+                   server_timeout: int, stopped: Callable[[], bool]) -> Iterator[dict]:
+        """The watch events after ``resource_version``, decoded, as they come, with bookmarks,
+        until the API server ends the watch (``server_timeout`` seconds) or ``stopped()``. An
+        event longer than ``MAX_WATCH_EVENT_BYTES`` ends the watch with an error (the API server
+        stores no object that large)."""
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        query = [("labelSelector", selector), ("watch", "true"), ("allowWatchBookmarks", "true"),
+                 ("resourceVersion", resource_version), ("timeoutSeconds", str(server_timeout))]
+        what = f"watch pods ({namespace or 'all namespaces'})"
+        params = self.api.param_serialize(method="GET", resource_path=path, query_params=query,
+                                          header_params={"Accept": "application/json"},
+                                          auth_settings=["BearerToken"])
+        # The read timeout outlasts the server's own end of the watch: a quiet watch is not a dead one.
+        timeout = (self.settings.request_timeout_seconds, server_timeout + WATCH_READ_GRACE_SECONDS)
+        try:
+            response = self.api.call_api(*params, _request_timeout=timeout)
+        except Exception as exc:
+            metrics.API_REQUESTS.labels("WATCH", "0").inc()
+            raise ApiError(0, type(exc).__name__, str(exc), what) from exc
+        metrics.API_REQUESTS.labels("WATCH", str(response.status)).inc()
+        raw = response.response  # urllib3's, not read yet
+        try:
+            if not 200 <= response.status <= 299:
+                data = _decoded(response.read() or b"{}")
+                raise ApiError(response.status, str(data.get("reason") or response.reason or ""),
+                               str(data.get("message") or ""), what)
+            buffer = b""
+            for chunk in raw.stream(amt=WATCH_READ_BYTES, decode_content=True):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield fastjson.loads(line)
+                if len(buffer) > MAX_WATCH_EVENT_BYTES:
+                    raise ApiError(0, "EventTooLarge", f"a watch event over {MAX_WATCH_EVENT_BYTES} bytes", what)
+                if stopped():
+                    return
+        finally:
+            raw.close()
 
     # --- the leader election's Lease (controller.leader; docs/operator.md, High availability) --
     def get_lease(self, namespace: str, name: str, *, timeout: float) -> Optional[dict]:
