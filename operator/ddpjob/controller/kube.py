@@ -52,6 +52,7 @@ MAX_WATCH_EVENT_BYTES = 16 * 1024 * 1024  # the API server's request limit is 3 
 
 
 def _decoded(raw: bytes) -> dict:
+    """An answer's JSON object; what is not one becomes its text (bounded) as the message."""
     try:
         data = fastjson.loads(raw)
     except ValueError:
@@ -192,10 +193,7 @@ class Kube:
         raw = response.read() or b"{}"
         if not read_body and 200 <= response.status <= 299:
             return {}
-        try:
-            data = fastjson.loads(raw)
-        except ValueError:
-            data = {"message": raw.decode("utf-8", "replace")[:500]}
+        data = _decoded(raw)
         if not 200 <= response.status <= 299:
             raise ApiError(response.status, str(data.get("reason") or response.reason or ""),
                            str(data.get("message") or ""), what)

@@ -155,7 +155,6 @@ class PodWatch:
         self._listed: set[Optional[str]] = set()
         self._ready: Optional[asyncio.Event] = None
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     # --- on the event loop -----------------------------------------------------------------------
     def start(self) -> None:
@@ -164,7 +163,6 @@ class PodWatch:
         for scope in self.scopes:
             thread = threading.Thread(target=self._run, args=(scope,), daemon=True,
                                       name=f"ddpjob-pod-watch-{scope or 'all'}")
-            self._threads.append(thread)
             thread.start()
 
     async def wait_ready(self) -> None:
