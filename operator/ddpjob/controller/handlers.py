@@ -43,7 +43,8 @@ import kopf
 
 from ddpjob.api import names
 from ddpjob.controller import collector, fastjson, kueue
-from ddpjob.controller.decide import Event, ServiceView, view_service
+from ddpjob.controller.observation import ServiceView, view_service
+from ddpjob.controller.plan import Event
 from ddpjob.controller import metrics
 from ddpjob.controller.kube import Kube
 from ddpjob.controller.leader import operator_elector

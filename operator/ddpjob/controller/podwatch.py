@@ -40,7 +40,7 @@ import time
 from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from ddpjob.api import names
-from ddpjob.controller.decide import PodView, view_pod
+from ddpjob.controller.observation import PodView, view_pod
 from ddpjob.controller.kube import ApiError
 
 logger = logging.getLogger("ddpjob.operator")

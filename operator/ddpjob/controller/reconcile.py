@@ -27,10 +27,9 @@ from ddpjob.api import progress as progress_reports
 from ddpjob.api import spec
 from ddpjob.api.status import RUNNING, STATUS_MESSAGE_LIMIT, JobStatus, shorten
 from ddpjob.api import names
-from ddpjob.controller.decide import (
-    Event, Observation, Plan, PodView, ServiceView, StacksRequest, decide, decide_invalid, is_ours,
-    refuse_creation, soonest, view_service,
-)
+from ddpjob.controller.decide import decide, decide_invalid, refuse_creation
+from ddpjob.controller.observation import Observation, PodView, ServiceView, view_service
+from ddpjob.controller.plan import Event, Plan, StacksRequest, is_ours, soonest
 from ddpjob.controller.kube import NOT_LEADER, ApiError, KubeApi
 from ddpjob.controller.settings import OperatorSettings
 

@@ -52,7 +52,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from ddpjob import contract
 from ddpjob.controller import metrics
-from ddpjob.controller.decide import Event, PodView
+from ddpjob.controller.observation import PodView
+from ddpjob.controller.plan import Event
 from ddpjob.controller.kube import Kube
 from ddpjob.controller import progress
 from ddpjob.controller.reconcile import JobMemory, reconcile

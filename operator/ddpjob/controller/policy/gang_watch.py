@@ -1,0 +1,242 @@
+"""Policy: watching the attempt that runs. Each rank's pod is read into the status (nodes), its
+failure (if any) goes to the failure policy, and otherwise the attempt is Succeeded, Running (with
+progress and stall detection) or still starting (the startup clock, ranks to create).
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+from typing import Mapping, Optional, Sequence
+
+from ddpjob.api import failure_policy, names, node_exclusion, spec, progress as progress_reports
+from ddpjob.api.failure_policy import NodeFailure
+from ddpjob.api.status import (
+    CREATED, NODE_MESSAGE_LIMIT, NODE_NAME_LIMIT, PENDING, PHASE_LIMIT, REASON_LIMIT, RESTARTING,
+    RUNNING, SUCCEEDED, JobStatus, NodeState, format_time, listed, parse_time, recorded_nodes, shorten,
+    truncate, with_nodes, with_phase
+)
+from ddpjob.controller.observation import (
+    DETAIL_LIMIT, LISTED_PODS, MISSING, POD_RUNNING, POD_SUCCEEDED, PodView
+)
+from ddpjob.controller.plan import Event, Plan, deletable, owned_pods, soonest
+from ddpjob.controller.policy.creation import SERVICE_CONFLICT, reshape
+from ddpjob.controller.policy.failure import (
+    consequence_wait, entry_failure, failure_of, on_failure, restart_so_far
+)
+from ddpjob.controller.policy.finish import fail_job, finished_plan
+from ddpjob.controller.policy.kubelet_restarts import kubelet_carried, kubelet_restart_of, to_arm
+from ddpjob.controller.policy.restart_mode import in_place_start_overdue
+from ddpjob.controller.policy.stalls import on_stall
+from ddpjob.restart_orders import EntryState
+
+
+def watch_gang(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
+                created_ranks: frozenset[int], creation_errors: Mapping[int, str],
+                progress: Optional[progress_reports.GangProgress] = None,
+                service_conflict: Optional[str] = None, service_missing: bool = False,
+                entry_states: Mapping[str, EntryState] = {}) -> Plan:
+    carried, held, held_for = kubelet_carried(job, status, pods, now)
+    plan = _watch_attempt(job, status, pods, now, created_ranks, creation_errors, progress, service_conflict,
+                          service_missing, entry_states, carried, held)
+    if plan.status.restartAttempt != status.restartAttempt:  # restarted again: nothing to carry
+        return plan
+    adopt = tuple(p for p in carried if p not in plan.delete)
+    return replace(plan, adopt=adopt, arm=to_arm(job, status, pods, adopt),
+                   requeue_after=soonest(plan.requeue_after, held_for))
+
+
+def _watch_attempt(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
+                   created_ranks: frozenset[int], creation_errors: Mapping[int, str],
+                   progress: Optional[progress_reports.GangProgress], service_conflict: Optional[str],
+                   service_missing: bool, entry_states: Mapping[str, EntryState],
+                   carried: list[PodView], held: list[PodView]) -> Plan:
+    # The attempt keeps the shape it was created with (status.nnodes, status.podSpecHash): a
+    # spec changed under it (an older CRD, a bypassed validation) is for the next attempt.
+    nnodes, attempt = status.nnodes, status.restartAttempt
+    reshaped = bool(status.podSpecHash) and status.podSpecHash != spec.pod_spec_hash(job.spec)
+    current: dict[int, PodView] = {}
+    strays: list[PodView] = []
+    # Pods the kubelet restarted come first, as pods of this attempt; those still given time
+    # to exit are neither current nor strays.
+    set_aside = {p.uid for p in carried} | {p.uid for p in held}
+    for p in carried + [p for p in owned_pods(job, pods) if p.uid not in set_aside]:
+        if p.attempt == attempt and p.node_rank < nnodes and p.node_rank not in current:
+            current[p.node_rank] = p
+        else:
+            strays.append(p)
+
+    # What earlier passes recorded of this attempt: every rank observed and every rank that
+    # succeeded (status.nodes itself lists at most NODES_LISTED of them).
+    listed_before, observed_before, succeeded_before = recorded_nodes(status)
+    nodes: list[NodeState] = []
+    failures: list[NodeFailure] = []
+    waiting_for_cause: list[EntryState] = []  # entry points that failed, as they said
+    succeeded = started = 0
+    missing: list[int] = []
+    for rank in range(nnodes):
+        pod = current.get(rank)
+        if pod is not None:
+            nodes.append(_node_state(pod))
+            failure = failure_of(job, pod) or kubelet_restart_of(pod)
+            if failure is None:
+                failure = entry_failure(pod, entry_states.get(pod.uid), attempt, now)
+                if failure is not None:
+                    waiting_for_cause.append(entry_states[pod.uid])
+            if failure is not None:
+                failures.append(failure)
+            elif pod.phase == POD_SUCCEEDED:
+                succeeded += 1
+                started += 1
+            elif pod.phase == POD_RUNNING:
+                started += 1
+        elif rank in succeeded_before:
+            # A finished pod someone cleaned up: still a success.
+            nodes.append(listed_before.get(rank) or NodeState(
+                nodeRank=rank, pod=names.node_pod_name(job.name, rank), phase=POD_SUCCEEDED))
+            succeeded += 1
+            started += 1
+        elif rank in observed_before:
+            # Observed once in this attempt, gone now without our deleting it.
+            previous = listed_before.get(rank) or NodeState(nodeRank=rank, pod=names.node_pod_name(job.name, rank))
+            gone = replace(previous, phase=MISSING, ready=False, reason=MISSING, message="the pod was deleted")
+            nodes.append(gone)
+            # A disruption seen before the pod went (a pod GC'd off a deleted node) still counts.
+            disruption = previous.reason if previous.reason in failure_policy.KNOWN_DISRUPTIONS else ""
+            failures.append(NodeFailure(node_rank=rank, exit_code=None, reason=MISSING, pod=gone.pod,
+                                        message="the pod was deleted", disruption=disruption,
+                                        node=previous.nodeName))
+        else:
+            missing.append(rank)
+
+    observed = with_nodes(status, nodes)
+    ready = observed.readyNodes
+    stray_deletes = deletable(strays)
+
+    if failures:
+        wait = consequence_wait(failures, waiting_for_cause)
+        if wait is not None:
+            return Plan(status=observed, delete=stray_deletes, requeue_after=wait)
+        # An entry point that saw its workers' reports vouches that the attempt trained, where
+        # the operator's poll (every few seconds) may have missed a short attempt.
+        reported = any(e.reported and e.attempt == attempt for e in entry_states.values())
+        restarted_by_kubelet = tuple(p for p in current.values() if kubelet_restart_of(p) is not None)
+        return on_failure(job, observed, pods, now, failures, reported=reported,
+                           restarted_by_kubelet=restarted_by_kubelet)
+    if succeeded == nnodes:
+        done = with_phase(observed, SUCCEEDED, "AllNodesSucceeded", f"all {nnodes} node(s) succeeded", now)
+        done = replace(done, completionTime=format_time(now), failedNode=None)
+        plan = finished_plan(job, done, pods, now)
+        return replace(plan, delete=plan.delete + stray_deletes,
+                       events=(Event("Normal", "Succeeded", f"All {nnodes} node(s) succeeded"),))
+    note = "; the spec has changed since this attempt started: the change applies to the next attempt" \
+        if reshaped else ""
+    # Our Service deleted under the job: recreated now (the watch shows its absence). The pods
+    # that run keep their addresses; a restarted or late pod needs the Service to be found.
+    service_events = (Event("Warning", "ServiceMissing",
+                            f"Service {names.service_name(job.name)} does not exist: creating it"),) \
+        if service_missing else ()
+    if started == nnodes:
+        running_now = ready
+        message = f"{running_now}/{nnodes} node(s) running" + (f", {succeeded} succeeded" if succeeded else "") + note
+        if service_conflict:  # a gang already running found its peers; a restart would be held
+            message += f"; {service_conflict}"
+        events = () if status.phase == RUNNING else (Event("Normal", "Running", f"All {nnodes} node(s) running (attempt {attempt})"),)
+        running = replace(with_phase(observed, RUNNING, "AllNodesRunning", message, now), failedNode=None)
+        since = status.condition(RUNNING) if status.phase == RUNNING else None
+        running_since = (parse_time(since.lastTransitionTime) if since else None) or now
+        stalled, stall_due = progress_reports.stall(job, progress, running_since, now)
+        overdue, overdue_due = in_place_start_overdue(job, status, progress, now)
+        if stalled is not None or overdue is not None:
+            return on_stall(job, observed, pods, now, stalled or overdue)
+        stall_due = soonest(stall_due, overdue_due)
+        if progress is not None:
+            running = replace(running, progress=progress_reports.to_status(
+                progress, running=True, previous=status.progress))
+        return Plan(status=running, delete=stray_deletes, events=events + service_events,
+                    ensure_service=service_missing, requeue_after=stall_due)
+
+    # Some nodes have not started: the startup clock runs from the attempt's creation.
+    waiting = [p for p in current.values() if p.phase not in (POD_RUNNING, POD_SUCCEEDED)]
+    described = _describe_not_started(job, waiting, missing, creation_errors, service_conflict or "")
+    not_started = len(waiting) + len(missing)
+    created_cond = status.condition(CREATED)
+    started_at = parse_time(created_cond.lastTransitionTime) if created_cond else None
+    left = None
+    if started_at is not None:
+        left = job.spec.startupTimeoutSeconds - (now - started_at).total_seconds()
+        if left <= 0:
+            message = (f"{not_started} of {nnodes} node(s) not running after startupTimeoutSeconds "
+                       f"({job.spec.startupTimeoutSeconds}s): {described}")
+            return fail_job(job, observed, pods, now, "StartupTimeout", message)
+
+    # A rank whose old pod still holds the name (terminating after an in-place restart kept
+    # its peers) is created once that pod is gone: a creation now would find "already exists".
+    taken = {p.name for p in pods}
+    recreate = () if service_conflict else tuple(
+        r for r in missing if r not in created_ranks and names.node_pod_name(job.name, r) not in taken)
+    if recreate and reshaped:
+        # A pod of this attempt would be built from another spec than its peers (another
+        # WORLD_SIZE, image, ...): start the next attempt in the new shape instead.
+        return reshape(job, observed, pods, now)
+    phase = RESTARTING if status.phase == RESTARTING else PENDING
+    reason = SERVICE_CONFLICT if service_conflict and missing else "NodesPending"
+    prefix = f"{restart_so_far(job, status)}: " if phase == RESTARTING else ""
+    # Said before the pods' reasons, which a long gang's message may cut short.
+    avoided = node_exclusion.unschedulable_note(status) if any(p.unschedulable for p in waiting) else ""
+    message = f"{prefix}{started}/{nnodes} node(s) started{avoided}; waiting for {described}{note}"
+    pending = with_phase(observed, phase, reason, message, now)
+    events = service_events
+    if reason == SERVICE_CONFLICT and status.reason != SERVICE_CONFLICT:
+        events += (Event("Warning", SERVICE_CONFLICT, shorten(service_conflict or "", DETAIL_LIMIT * 2)),)
+    return Plan(status=pending, create_ranks=recreate, attempt=attempt, ensure_service=bool(recreate) or service_missing,
+                delete=stray_deletes, events=events, requeue_after=left)
+
+
+def _node_state(p: PodView) -> NodeState:
+    reason = (p.terminated_reason or p.disruption or p.pod_reason or p.waiting_reason
+              or ("Unschedulable" if p.unschedulable else ""))
+    # Container output keeps its last lines; the kubelet's and the scheduler's words their first.
+    message = (truncate(p.terminated_message, NODE_MESSAGE_LIMIT) if p.terminated_message else
+               shorten(p.pod_message or p.waiting_message or p.unschedulable.partition(": ")[2],
+                       NODE_MESSAGE_LIMIT))
+    if p.deleting and not p.finished:
+        reason = reason or "Terminating"
+    # Pod status is anyone's who may write it: every field is bounded (api/status.py).
+    return NodeState(nodeRank=p.node_rank, pod=p.name, phase=shorten(p.phase, PHASE_LIMIT), ready=p.ready,
+                     exitCode=p.exit_code, reason=shorten(reason, REASON_LIMIT), message=message,
+                     nodeName=shorten(p.node_name, NODE_NAME_LIMIT))
+
+
+def _describe_not_started(job: spec.DDPJob, waiting: Sequence[PodView], missing: Sequence[int],
+                          creation_errors: Mapping[int, str], held_by: str = "") -> str:
+    """The pods not running yet, grouped by why: a 64-node gang the scheduler cannot place is
+    one clause ("64 pod(s) ... Pending (Unschedulable: ...)"), not 64 copies of its verdict."""
+    groups: dict[str, list[str]] = {}
+    for p in sorted(waiting, key=lambda p: p.node_rank):
+        groups.setdefault(_why_waiting(p), []).append(p.name)
+    refused = [r for r in missing if r in creation_errors]
+    for rank in refused:
+        why = f"not created ({shorten(creation_errors[rank], DETAIL_LIMIT)})"
+        groups.setdefault(why, []).append(names.node_pod_name(job.name, rank))
+    unseen = len(missing) - len(refused)
+    clauses = [f"{_listed(pods)} {why}" for why, pods in groups.items()]
+    if unseen and held_by:
+        clauses.append(f"{unseen} pod(s) not created: {held_by}")
+    elif unseen:
+        clauses.append(f"{unseen} pod(s) not observed yet")
+    return "; ".join(clauses)
+
+
+def _listed(pod_names: Sequence[str]) -> str:
+    """Pod names for a clause: ``4 pod(s) a, b and 2 more`` once some are left out."""
+    count = f"{len(pod_names)} pod(s) " if len(pod_names) > LISTED_PODS else ""
+    return count + listed(pod_names, LISTED_PODS)
+
+
+def _why_waiting(p: PodView) -> str:
+    if p.unschedulable:
+        return f"Pending ({shorten(p.unschedulable, DETAIL_LIMIT)})"
+    if p.waiting_reason:
+        detail = f": {p.waiting_message}" if p.waiting_message else ""
+        return f"{p.phase} ({shorten(p.waiting_reason + detail, DETAIL_LIMIT)})"
+    return p.phase
