@@ -298,3 +298,35 @@ def test_a_job_failed_by_a_permanent_code_keeps_that_pod_and_its_log():
     plan = decide(own_job(), running_status(), pods, at(0))
     assert (plan.status.phase, plan.status.reason) == ("Failed", "PodFailedPermanent"), plan.status
     assert [p.name for p in plan.delete] == ["train-node-0"]
+
+
+# --- restarts no pass saw one by one (issue 35, finding 2) --------------------------------------
+def test_every_restart_the_kubelet_did_counts_against_the_budget():
+    """An operator that was down, or a crash loop faster than its passes, sees restartCount jump:
+    each restart the kubelet did spends the budget, not one per pass."""
+    looped = kubelet_pod(1, restarts=5, last_exit=1)
+    spent = decide(own_job(maxRestarts=2), running_status(), [kubelet_pod(0), looped], at(0))
+    assert (spent.status.phase, spent.status.reason) == ("Failed", "RestartBudgetExhausted")
+    assert "restarted train-node-1's container 5 time(s)" in spent.status.message
+    assert spent.status.restarts == 4  # the budget of 2 was spent by the third of the five
+
+    kept = decide(own_job(maxRestarts=10), running_status(), [kubelet_pod(0), looped], at(0))
+    assert (kept.status.phase, kept.status.restarts, kept.status.restartAttempt) == (RESTARTING, 5, 1)
+    assert "5 time(s)" in kept.status.message
+
+
+def test_a_run_that_just_ended_counts_with_the_restarts_before_it():
+    exited_again = kubelet_pod(1, restarts=2, running=False, exit_code=1, terminated_reason="Error")
+    plan = decide(own_job(maxRestarts=10), running_status(), [kubelet_pod(0), exited_again], at(0))
+    assert plan.status.restarts == 3
+    backing_off = kubelet_pod(1, restarts=2, running=False, waiting_reason="CrashLoopBackOff", last_exit=1)
+    plan = decide(own_job(maxRestarts=10), running_status(), [kubelet_pod(0), backing_off], at(0))
+    assert plan.status.restarts == 3
+
+
+def test_peers_restarted_with_the_culprit_are_one_gang_restart_each_time():
+    """Every pod of a crash-looping gang restarts each time (a peer lost exits too): the gang
+    restarted as often as its busiest pod, not the sum over its pods."""
+    gang = [kubelet_pod(0, restarts=3, last_exit=13), kubelet_pod(1, restarts=3, last_exit=1)]
+    plan = decide(own_job(maxRestarts=10), running_status(), gang, at(0))
+    assert plan.status.restarts == 3

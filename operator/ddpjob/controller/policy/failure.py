@@ -20,7 +20,7 @@ from ddpjob.api.status import (
 from ddpjob.controller.observation import DETAIL_LIMIT, MISSING, POD_FAILED, POD_SUCCEEDED, PodView
 from ddpjob.controller.plan import Event, Plan, deletable, owned_pods
 from ddpjob.controller.policy.finish import fail_job
-from ddpjob.controller.policy.kubelet_restarts import restart_by_kubelet
+from ddpjob.controller.policy.kubelet_restarts import restart_by_kubelet, unseen_restarts
 from ddpjob.controller.policy.restart_mode import (
     failed_before_training_in_place, restart_inside_pods, restartable_in_place
 )
@@ -143,9 +143,16 @@ def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now
     ``restarted_by_kubelet``: the attempt's pods whose container the kubelet restarts in place."""
     policy = job.spec.failurePolicy
     window = disruptions_within(status, now, policy.disruptionWindowSeconds)
-    ruling = failure_policy.verdict(failures, restarts_done=status.restarts, policy=policy,
+    # Restarts the kubelet did that no pass saw one by one count too, each against the budget:
+    # a crash loop faster than the passes (or an operator that was down) is not one restart.
+    ended, busiest = unseen_restarts(restarted_by_kubelet)
+    unseen = max(0, ended - 1)
+    restarts_done = status.restarts + unseen
+    ruling = failure_policy.verdict(failures, restarts_done=restarts_done, policy=policy,
                                     recent_disruptions=len(window))
     first = ruling.cause
+    counted = (f"; the kubelet restarted {busiest.name}'s container {ended} time(s) since the operator "
+               f"last accounted for it, each counted as a restart") if unseen and busiest is not None else ""
     keep = restartable_in_place(job, status, pods, reported) if ruling.restart else ()
     by_kubelet = (ruling.restart and bool(restarted_by_kubelet) and spec.kubelet_restarts_in_place(job.spec)
                   and not failed_before_training_in_place(status, reported))
@@ -164,14 +171,15 @@ def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now
         return fail_job(job, recorded, pods, now, ruling.reason,
                      f"{_describe(first)}: a restart cannot fix this", _failed_node(first))
     if ruling.reason in (failure_policy.BUDGET_SPENT, failure_policy.DISRUPTION_BUDGET_SPENT):
-        return fail_job(job, recorded, pods, now, ruling.reason,
-                     f"{_describe(first)} and the {ruling.budget_words(policy)} is spent", _failed_node(first))
+        return fail_job(job, replace(recorded, restarts=restarts_done), pods, now, ruling.reason,
+                        f"{_describe(first)}{counted} and the {ruling.budget_words(policy)} is spent",
+                        _failed_node(first))
 
-    spent = (with_disruption(status, now, policy.disruptionWindowSeconds) if ruling.kind == DISRUPTION
-             else replace(status, restarts=ruling.restarts_after))
+    spent = (with_disruption(replace(status, restarts=restarts_done), now, policy.disruptionWindowSeconds)
+             if ruling.kind == DISRUPTION else replace(status, restarts=ruling.restarts_after))
     if ruling.kind == DISRUPTION and restart_reason is None:
         restart_reason = failure_policy.DISRUPTED
-    message = f"{_describe(first)}; {ruling.spending(policy)}: deleting the gang"
+    message = f"{_describe(first)}{counted}; {ruling.spending(policy)}: deleting the gang"
     restarting = replace(spent, restartAttempt=status.restartAttempt + 1,
                          failedNode=_failed_node(first), readyNodes=0)
     restarting = with_phase(restarting, RESTARTING, restart_reason or ruling.reason, message, now, created=False,

@@ -36,6 +36,28 @@ def kubelet_restart_of(p: PodView) -> Optional[NodeFailure]:
                        message=message, node=p.node_name)
 
 
+
+def runs_ended_unseen(p: PodView) -> int:
+    """How many runs of the pod's container ended since the operator last accounted for it: its
+    restartCount past the count accounted for (LABEL_CONTAINER_RESTARTS), and the run that has
+    just ended if the kubelet has not started the next one yet. Each is a restart the budget pays
+    for, though one pass may see several (an operator that was down, a crash loop faster than its
+    passes): 0 when ``kubelet_restart_of`` sees none."""
+    if kubelet_restart_of(p) is None:
+        return 0
+    ended_now = not p.running and ((p.exit_code is not None and p.exit_code != 0)
+                                   or (p.waiting_reason == "CrashLoopBackOff" and p.last_exit_code is not None))
+    return max(1, p.restarts - p.restarts_seen + (1 if ended_now else 0))
+
+
+def unseen_restarts(pods: Sequence[PodView]) -> tuple[int, Optional[PodView]]:
+    """The most runs ended unseen in one pod of the attempt, and that pod: a gang restart is one
+    restart however many of its pods the kubelet restarted with it (a peer lost exits too)."""
+    counted = [(runs_ended_unseen(p), p) for p in pods]
+    most = max(counted, key=lambda c: (c[0], -c[1].node_rank), default=(0, None))
+    return most if most[0] else (0, None)
+
+
 # After a kubelet restart in place, how long the gang's other pods have to exit (and be
 # restarted by their kubelets) before they are recreated: nothing in them takes an order, and a
 # process that hangs in a collective with its lost peer would hold the rendezvous.
