@@ -667,6 +667,26 @@ def test_each_container_has_its_own_tmp(kubectl, namespace, wait_for, pod_logs):
         assert f"before [] owner {name} volume True" in pod_logs(namespace, name)
 
 
+@local_testbed_only
+def test_pods_import_the_checkout_under_test(kubectl, namespace, wait_for, pod_logs):
+    """Pods run the checkout under test wherever it lies, under /tmp too (issue 34: a clone in
+    /tmp, its path with a space), where their private /tmp covers the host's: the agent binds
+    the folders they import from back, read-only (pod_image.py). Run from such a checkout to
+    see it (docs/testing.md, "The node agent")."""
+    import ddptrainer
+
+    expected = os.path.dirname(ddptrainer.__file__)
+    kubectl.apply_yaml(python_pod("imports", """
+        import os, ddptrainer
+        package = os.path.dirname(ddptrainer.__file__)
+        print("package", package, "read-only", bool(os.statvfs(package).f_flag & os.ST_RDONLY))
+    """), "-n", namespace)
+    done = wait_for_phase(kubectl, wait_for, namespace, "imports", ["Succeeded", "Failed"])
+    logs = pod_logs(namespace, "imports")
+    assert done["status"]["phase"] == "Succeeded", logs
+    assert f"package {expected} read-only {expected.startswith('/tmp/')}" in logs, logs
+
+
 # -- networking and DNS ---------------------------------------------------------------------
 SERVER = """
     import socket

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 import urllib.request
@@ -156,11 +157,13 @@ class Kueue:
         # namespace gives it the test bed's, leaving only an empty folder on the host. The
         # visibility API server (an aggregated API, also with fixed certificate paths) is off.
         METRICS_CERTS.mkdir(parents=True, exist_ok=True)
-        manager = f"{self.folder / 'kueue-manager'} --config={config} " \
+        manager = f"{shlex.quote(str(self.folder / 'kueue-manager'))} " \
+                  f"--config={shlex.quote(str(config))} " \
                   "--feature-gates=VisibilityOnDemand=false --zap-log-level=2"
         self.process = ManagedProcess(
             "kueue", ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                      f"mount --bind {cert_dir} {METRICS_CERTS} && exec {manager}"],
+                      f"mount --bind {shlex.quote(str(cert_dir))} {METRICS_CERTS} "
+                      f"&& exec {manager}"],
             self.run_dir / "logs" / "kueue.log",
             env={**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig)},
             pidfile=self.pidfile).start()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .dns import ClusterRecords, DnsServer
+from .pod_image import host_image_paths
 from .pod_network import Bridge
 from .pod_status import now
 from .pod_volumes import MEMORY_VOLUMES_ROOT, MountpointRegistry
@@ -146,9 +147,12 @@ class NodeAgent:
         }
         if os.environ.get("PYTHONPATH"):  # a checkout other than the installed one (a worktree)
             base_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        image_paths = host_image_paths(base_env.get("PYTHONPATH"))
+        if image_paths:
+            log.info("bound read-only into each pod's private /tmp: %s", image_paths)
         self.context = AgentContext(
             client=client, bridge=bridge, pods_dir=run_dir / "pods", registry=registry,
-            fetch=self._fetch, base_env=base_env,
+            fetch=self._fetch, base_env=base_env, image_paths=image_paths,
         )
 
     # -- API objects ----------------------------------------------------------------------

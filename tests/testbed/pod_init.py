@@ -13,7 +13,9 @@ fresh writable layer, so two pods (or two runs of one container) never see each 
 files there. A tmpfs stands in for that layer. The host paths the agent hands us (volume
 sources, the working directory, the start error file) may lie under the host's /tmp (the test
 bed's state does); they are reached through a descriptor of the host's /tmp opened before
-it is covered.
+it is covered. So are the spec's ``image_paths``: what stands in for the image's own files
+(the interpreter, the checkout under test) where it lies under the host's /tmp
+(pod_image.py); they are bound back at their paths, read-only, before the volumes.
 
 /dev/shm is the pod's, not the container's: containerd mounts one tmpfs per pod sandbox
 (64 MiB by default) and binds it into every container of the pod, so it outlives a container
@@ -61,8 +63,8 @@ def _mount(source, target, fstype, flags, data) -> None:
     )
 
 
-def bind_mount(source: str, target: str, read_only: bool) -> None:
-    _mount(source, target, None, MS_BIND | MS_REC, None)
+def bind_mount(source: str, target: str, read_only: bool, recursive: bool = True) -> None:
+    _mount(source, target, None, MS_BIND | (MS_REC if recursive else 0), None)
     if read_only:
         _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
 
@@ -115,7 +117,15 @@ def set_hostname(hostname: str) -> None:
 def prepare(spec: dict, host: HostTmp) -> None:
     set_hostname(spec["hostname"])
     if spec.get("tmp_size"):
+        # Resolved while the host's /tmp is still in view: a symlink there may be absolute.
+        image_sources = [(path, host.path(os.path.realpath(path)))
+                         for path in spec.get("image_paths", [])]  # parents first (pod_image.py)
         _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec['tmp_size']}")
+        # Not recursive: what is mounted inside them on the host (another pod's /dev/shm,
+        # should the test bed's state lie there) stays out of this pod.
+        for path, source in image_sources:
+            make_target(path, source)
+            bind_mount(source, path, read_only=True, recursive=False)
     # Parents before children, so a mount at /data/x is not hidden by one at /data.
     for mount in sorted(spec["mounts"], key=lambda m: m["target"].count("/")):
         source = host.path(mount["source"])
@@ -126,11 +136,12 @@ def prepare(spec: dict, host: HostTmp) -> None:
         # After the binds, so a Memory emptyDir under the host's /dev/shm is still visible.
         bind_mount(host.path(spec["pod_shm"]), "/dev/shm", False)
     workdir = spec["workdir"]
-    if spec.get("tmp_size") and is_under_tmp(workdir) and not os.path.isdir(workdir):
+    if spec.get("tmp_size") and is_under_tmp(workdir):
         if spec.get("workdir_is_the_agents"):  # the per-pod stand-in for the image's WORKDIR
+            # Bound even where a read-only image path already shows it: it is the pod's to write.
             make_target(workdir, host.path(workdir))
             bind_mount(host.path(workdir), workdir, False)
-        else:  # a workingDir the image would have had
+        elif not os.path.isdir(workdir):  # a workingDir the image would have had
             os.makedirs(workdir)
     os.chdir(workdir)
 

@@ -46,6 +46,7 @@ class AgentContext:
     registry: MountpointRegistry
     fetch: Fetch
     base_env: dict[str, str]
+    image_paths: list[str]  # the image's files under the host's /tmp (pod_image.py)
 
 
 #: Between the exit of a container with its own restartPolicy and the pod's final phase.
@@ -334,6 +335,7 @@ class PodWorker(threading.Thread):
             "hostname": env["HOSTNAME"],
             "mounts": mounts,
             "tmp_size": None if tmp_is_a_volume else TMP_SIZE,
+            "image_paths": [] if tmp_is_a_volume else self.context.image_paths,
             "pod_shm": None if shm_is_a_volume else self._pod_shm(),
             "workdir": working_directory(self.container, self.pod_dir / "workdir",
                                          self.context.registry),
