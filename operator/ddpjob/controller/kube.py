@@ -28,6 +28,7 @@ round trips.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,16 +46,32 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 NOT_LEADER = "NotLeader"
 
 
-LIST_PAGE = 500  # pods per page of the pod watch's list
+# Pods per page of the pod watch's list: what the operator holds raw at once, however many pods
+# match (docs/security.md, "the pod watch's memory"). A page is held about three times over while
+# it decodes (its JSON, its text, the objects: ``_loads``), and a pod's JSON can be 6 times what
+# etcd stores (Go writes a control character as \u0001): 10 pods at etcd's limit (1.5 MiB) are
+# at most 90 MiB of JSON, 195 MiB in all while decoding, the worst case; 10 pods of 256 KiB of
+# annotations each (the API server's limit), 7.5 MiB (32.5 MiB if every character is escaped).
+# Typical pods (10-20 KiB) make a page of 100-200 KiB; 1000 pods are 100 round trips.
+LIST_PAGE = 10
 WATCH_READ_BYTES = 64 * 1024
 WATCH_READ_GRACE_SECONDS = 30
 MAX_WATCH_EVENT_BYTES = 16 * 1024 * 1024  # the API server's request limit is 3 MiB; etcd's 1.5 MiB
+LARGE_BODY_BYTES = 1024 * 1024  # past this, an answer or event is decoded by the standard library
+
+
+def _loads(raw: bytes) -> Any:
+    """orjson (``fastjson``) for the usual answer of a few KiB, the standard library for a large
+    one: orjson holds about 12 times its input while it decodes (its parsed document, then the
+    objects), the standard library about once (the text). A 12.5 MiB list page of fat pods peaked
+    at 175 MiB with orjson, 37 MiB without."""
+    return json.loads(raw) if len(raw) > LARGE_BODY_BYTES else fastjson.loads(raw)
 
 
 def _decoded(raw: bytes) -> dict:
     """An answer's JSON object; what is not one becomes its text (bounded) as the message."""
     try:
-        data = fastjson.loads(raw)
+        data = _loads(raw)
     except ValueError:
         return {"message": raw.decode("utf-8", "replace")[:500]}
     return data if isinstance(data, dict) else {"message": str(data)[:500]}
@@ -342,20 +359,37 @@ class Kube:
                             what=f"get ResourceFlavor {name}")
 
     # --- the pod watch (controller.podwatch): the job-labelled pods, listed then watched -------
-    def list_pods(self, namespace: Optional[str], selector: str) -> tuple[list[dict], str]:
-        """Every pod matching ``selector`` in ``namespace`` (None: all namespaces), in pages of
-        ``LIST_PAGE`` pods, and the resourceVersion to watch from."""
+    def list_pods(self, namespace: Optional[str], selector: str) -> tuple[Iterator[dict], str]:
+        """Every pod matching ``selector`` in ``namespace`` (None: all namespaces) and the
+        resourceVersion to watch from. The pods come one page of ``LIST_PAGE`` at a time, as the
+        caller iterates: the first page is read now (it carries the list's resourceVersion, the
+        same for every page of one list), each next one once the caller has taken every pod of
+        the one before. A pod is anyone's who may create pods, label included, so what the list
+        holds raw is at most one page however many pods match (docs/security.md)."""
         path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
-        items: list[dict] = []
-        token = ""
+        what = f"list pods ({namespace or 'all namespaces'})"
+        items, token, version = self._list_page(path, selector, "", what)
+        return self._listed_pods(path, selector, items, token, what), version
+
+    def _list_page(self, path: str, selector: str, token: str, what: str) -> tuple[list[dict], str, str]:
+        query = [("labelSelector", selector), ("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
+        page = self.request("GET", path, query=query, what=what)
+        meta = page.get("metadata") or {}
+        items = page.get("items")
+        items = items if isinstance(items, list) else []
+        return items, str(meta.get("continue") or ""), str(meta.get("resourceVersion") or "")
+
+    def _listed_pods(self, path: str, selector: str, items: list[dict], token: str,
+                     what: str) -> Iterator[dict]:
+        """The pods of the first page, then of each next one; each pod is let go of as it is
+        handed on (popped), so no page is still held while the next one is read."""
         while True:
-            query = [("labelSelector", selector), ("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
-            page = self.request("GET", path, query=query, what=f"list pods ({namespace or 'all namespaces'})")
-            items += page.get("items") or []
-            meta = page.get("metadata") or {}
-            token = str(meta.get("continue") or "")
+            items.reverse()
+            while items:
+                yield items.pop()
             if not token:
-                return items, str(meta.get("resourceVersion") or "")
+                return
+            items, token, _ = self._list_page(path, selector, token, what)
 
     def watch_pods(self, namespace: Optional[str], selector: str, resource_version: str, *,
                    server_timeout: int, stopped: Callable[[], bool]) -> Iterator[dict]:
@@ -386,11 +420,16 @@ class Kube:
                                str(data.get("message") or ""), what)
             buffer = b""
             for chunk in raw.stream(amt=WATCH_READ_BYTES, decode_content=True):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                chunk = b""
+                # Each line let go of as it is decoded: while the watch waits for the next
+                # chunk, nothing of the events already handed on is held here.
+                lines.reverse()
+                while lines:
+                    line = lines.pop()
                     if line.strip():
-                        yield fastjson.loads(line)
+                        yield _loads(line)
+                    line = b""
                 if len(buffer) > MAX_WATCH_EVENT_BYTES:
                     raise ApiError(0, "EventTooLarge", f"a watch event over {MAX_WATCH_EVENT_BYTES} bytes", what)
                 if stopped():

@@ -26,9 +26,15 @@ Errors back off (1 s doubling to 30 s). Every change reaches the event loop thro
 a lock.
 
 Trust: a pod is anyone's who may create pods in the namespace, label included. The view is the
-same bounded ``decide.view_pod`` kopf's index called, each event is bounded in size
+same bounded ``observation.view_pod`` kopf's index called, each event is bounded in size
 (``kube.MAX_WATCH_EVENT_BYTES``), and whose the pod is (its controller owner) is decided by each
-pass, as before.
+pass, as before. What the watch holds of raw pods is bounded by neither their number nor their
+size: a list is viewed page by page as ``Kube.list_pods`` reads it (one page, ``kube.LIST_PAGE``
+pods, held at a time, and one scope lists at a time), and a watch event is let go of once viewed.
+What stays is the index of views, a couple of KiB each; a foreign pod with the job's label keeps
+its view there too (a pod with the name of one of the job's is what keeps the job from creating
+its gang over it, ``policy.creation.create_gang``), and no pass adopts it (``plan.is_ours``: the
+controller owner reference's uid).
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ import fnmatch
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from ddpjob.api import names
 from ddpjob.controller.observation import PodView, view_pod
@@ -56,7 +62,7 @@ QUICK_END_SECONDS = 1.0  # a watch the API server ends sooner is not resumed at 
 class PodSource(Protocol):
     """The two reads the watch makes (``kube.Kube`` over HTTP; a fake in the unit tests)."""
 
-    def list_pods(self, namespace: Optional[str], selector: str) -> tuple[list[dict], str]: ...
+    def list_pods(self, namespace: Optional[str], selector: str) -> tuple[Iterable[dict], str]: ...
 
     def watch_pods(self, namespace: Optional[str], selector: str, resource_version: str, *,
                    server_timeout: int, stopped: Callable[[], bool]) -> Iterator[dict]: ...
@@ -155,6 +161,8 @@ class PodWatch:
         self._listed: set[Optional[str]] = set()
         self._ready: Optional[asyncio.Event] = None
         self._stop = threading.Event()
+        # One scope lists at a time: the raw pods held at once are one page, not one per scope.
+        self._listing = threading.Lock()
 
     # --- on the event loop -----------------------------------------------------------------------
     def start(self) -> None:
@@ -197,7 +205,9 @@ class PodWatch:
         if not self.loop.is_closed():  # the operator is exiting: nobody reads the index any more
             self.loop.call_soon_threadsafe(self._apply, scope, changes, listed)
 
-    def _changes(self, pods: list[Mapping[str, Any]], deleted: bool = False) -> list:
+    def _changes(self, pods: Iterable[Mapping[str, Any]], deleted: bool = False) -> list:
+        """The views of ``pods``, taken one at a time (a list comes page by page: only the views
+        are kept)."""
         found = []
         for pod in pods:
             if not isinstance(pod, Mapping) or not self.accept(str((pod.get("metadata") or {}).get("namespace") or "")):
@@ -213,9 +223,7 @@ class PodWatch:
         while not self._stop.is_set():
             try:
                 if not version:
-                    pods, version = self.source.list_pods(scope, self.selector)
-                    version = version or "0"  # (the API server always gives one; "0": any version)
-                    self._hand_over(scope, self._changes(pods), listed=True)
+                    version = self._list(scope)
                     if failures:
                         logger.info("pod watch (%s): listing again after %d failure(s)", where, failures)
                     failures = 0
@@ -234,6 +242,16 @@ class PodWatch:
             except Exception as exc:  # the API server unreachable, a bad line: said, and tried again
                 failures = self._failed(where, exc, failures)
 
+    def _list(self, scope: Optional[str]) -> str:
+        """One list of the scope into the index; the version to watch from. The pods are viewed
+        as the pages come (``Kube.list_pods``): what is held of them is their views, and of raw
+        pods one page at most (one scope lists at a time)."""
+        with self._listing:
+            pods, version = self.source.list_pods(scope, self.selector)
+            changes = self._changes(pods)
+        self._hand_over(scope, changes, listed=True)
+        return version or "0"  # (the API server always gives one; "0": any version)
+
     def _failed(self, where: str, exc: Exception, failures: int) -> int:
         """Log a failure (the first, the tenth, then every hundredth), wait out its backoff."""
         delay = self.backoff[min(failures, len(self.backoff) - 1)]
@@ -247,17 +265,23 @@ class PodWatch:
         """One watch from ``version`` until the API server ends it; the version to resume from."""
         for event in self.source.watch_pods(scope, self.selector, version, server_timeout=self.server_timeout,
                                             stopped=self._stop.is_set):
-            kind = event.get("type") if isinstance(event, Mapping) else None
-            obj = event.get("object") if isinstance(event, Mapping) else None
-            if not isinstance(obj, Mapping):
-                continue
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise Expired()
-                raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message') or '')[:200]}")
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
-                changes = self._changes([obj], deleted=kind == "DELETED")
-                if changes:
-                    self._hand_over(scope, changes, listed=False)
+            version = self._event(scope, event, version)
+            event = None  # the raw pod is not held while the watch waits for the next event
+        return version
+
+    def _event(self, scope: Optional[str], event: Any, version: str) -> str:
+        """One watch event into the index; the version to resume from."""
+        kind = event.get("type") if isinstance(event, Mapping) else None
+        obj = event.get("object") if isinstance(event, Mapping) else None
+        if not isinstance(obj, Mapping):
+            return version
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Expired()
+            raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message') or '')[:200]}")
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            changes = self._changes([obj], deleted=kind == "DELETED")
+            if changes:
+                self._hand_over(scope, changes, listed=False)
         return version
