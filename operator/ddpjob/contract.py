@@ -258,7 +258,7 @@ class EntryState:
     reported: bool = False
     """Whether the attempt's workers wrote a progress report before they failed: the operator's
     own poll of ``/progress`` may have missed a short attempt that did train, and an attempt
-    restarted in place that failed before any report gets new pods (controller/decide.py)."""
+    restarted in place that failed before any report gets new pods (controller/policy/restart_mode.py)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "state": self.state, "exitCode": self.exit_code,

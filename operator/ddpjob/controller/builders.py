@@ -149,7 +149,7 @@ def kubelet_restart_rules(s: spec.DDPJobSpec) -> dict[str, Any]:
     ``Restart`` and not ``RestartAllContainers``: a node whose kubelet lacks the rules ignores
     them (the pod fails, and is recreated, as without), where a RestartAllContainers pod would
     wait Pending for a node that declares the feature. An API server without the gate drops
-    the fields; the operator reads the pod back (decide.view_pod) and knows."""
+    the fields; the operator reads the pod back (observation.view_pod) and knows."""
     codes = sorted({0, *s.failurePolicy.permanentExitCodes})
     return {"restartPolicy": "Never",
             "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": codes}}]}
@@ -160,9 +160,24 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
     """One node's pod. ``restart_token``: the credential of in-place restart orders (random per
     pod, ddpjob/restart_orders.py); without one (``ddpjob render``) the pod is restarted
     by recreating it."""
+    name = names.node_pod_name(job.name, node_rank)
+    annotations = dict(job.spec.template.metadata.annotations)
+    container = _trainer_container(job, node_rank, attempt, restart_token, kubelet_rules, annotations)
+    # activeDeadlineSeconds is deliberately not set on pods: the operator enforces it for the
+    # whole job (a per-pod deadline would count from each restart and fail pods one by one).
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, name, pod_labels(job, node_rank, attempt), annotations),
+        "spec": _pod_spec(job, name, container),
+    }
+
+
+def _trainer_container(job: spec.DDPJob, node_rank: int, attempt: int, restart_token: Optional[str],
+                       kubelet_rules: bool, annotations: dict[str, str]) -> dict[str, Any]:
+    """The pod's one container; ``annotations`` (the pod's) gains what the kubelet reads."""
     s = job.spec
     tmpl = s.template.spec
-    name = names.node_pod_name(job.name, node_rank)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": s.image,
@@ -184,7 +199,6 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
     }
     if restart_token and spec.effective_restart_mode(s) == contract.RESTART_MODE_IN_PLACE:
         container["readinessProbe"] = readiness_probe()
-    annotations = dict(job.spec.template.metadata.annotations)
     if kubelet_rules and spec.kubelet_restarts_in_place(s):
         container.update(kubelet_restart_rules(s))
         # A container the kubelet restarts keeps its pod's environment: the attempt comes from
@@ -196,7 +210,12 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
     container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
     if tmpl.securityContext is None:
         container["securityContext"]["runAsNonRoot"] = True
+    return container
 
+
+def _pod_spec(job: spec.DDPJob, name: str, container: dict[str, Any]) -> dict[str, Any]:
+    s = job.spec
+    tmpl = s.template.spec
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": names.service_name(job.name),
@@ -225,14 +244,7 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
         "imagePullSecrets": [copy.deepcopy(dict(i)) for i in tmpl.imagePullSecrets] or None,
     }
     pod_spec.update({k: v for k, v in optional.items() if v is not None})
-    # activeDeadlineSeconds is deliberately not set on pods: the operator enforces it for the
-    # whole job (a per-pod deadline would count from each restart and fail pods one by one).
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _metadata(job, name, pod_labels(job, node_rank, attempt), annotations),
-        "spec": pod_spec,
-    }
+    return pod_spec
 
 
 def build_pods(job: spec.DDPJob, attempt: int, ranks: Optional[list[int]] = None,

@@ -1,7 +1,7 @@
 """Where a stalled gang was stuck: the Python stacks of its pods' workers, read just before the
 restart erases them (docs/operator.md, "Hang detection").
 
-``decide`` says which pods to ask (``Plan.stacks``, a ``decide.StacksRequest``: the suspect's and at most a few others);
+``decide`` says which pods to ask (``Plan.stacks``, a ``plan.StacksRequest``: the suspect's and at most a few others);
 the pass asks them (``restart_orders.fetch_stacks``, one deadline for all, before it restarts
 or deletes anything) and posts one Warning Event ``StalledStacks`` whose message is
 ``summarize``'s: each rank's innermost frames, the suspect rank first, within an Event's

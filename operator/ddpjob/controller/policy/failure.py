@@ -136,6 +136,18 @@ def consequence_wait(failures: Sequence[NodeFailure], entry_states: Sequence[Ent
     return left if left > 0 else None
 
 
+def _restarts_done(status: JobStatus, restarted_by_kubelet: Sequence[PodView]) -> tuple[int, str]:
+    """The restarts spent before this failure, and what the message says of those no pass saw.
+    Restarts the kubelet did that no pass saw one by one count too, each against the budget: a
+    crash loop faster than the passes (or an operator that was down) is not one restart."""
+    ended, busiest = unseen_restarts(restarted_by_kubelet)
+    unseen = max(0, ended - 1)
+    if not unseen or busiest is None:
+        return status.restarts, ""
+    return status.restarts + unseen, (f"; the kubelet restarted {busiest.name}'s container {ended} time(s) "
+                                      "since the operator last accounted for it, each counted as a restart")
+
+
 def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
                 failures: list[NodeFailure], restart_reason: Optional[str] = None,
                 reported: bool = False, restarted_by_kubelet: tuple[PodView, ...] = ()) -> Plan:
@@ -143,16 +155,10 @@ def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now
     ``restarted_by_kubelet``: the attempt's pods whose container the kubelet restarts in place."""
     policy = job.spec.failurePolicy
     window = disruptions_within(status, now, policy.disruptionWindowSeconds)
-    # Restarts the kubelet did that no pass saw one by one count too, each against the budget:
-    # a crash loop faster than the passes (or an operator that was down) is not one restart.
-    ended, busiest = unseen_restarts(restarted_by_kubelet)
-    unseen = max(0, ended - 1)
-    restarts_done = status.restarts + unseen
+    restarts_done, counted = _restarts_done(status, restarted_by_kubelet)
     ruling = failure_policy.verdict(failures, restarts_done=restarts_done, policy=policy,
                                     recent_disruptions=len(window))
     first = ruling.cause
-    counted = (f"; the kubelet restarted {busiest.name}'s container {ended} time(s) since the operator "
-               f"last accounted for it, each counted as a restart") if unseen and busiest is not None else ""
     keep = restartable_in_place(job, status, pods, reported) if ruling.restart else ()
     by_kubelet = (ruling.restart and bool(restarted_by_kubelet) and spec.kubelet_restarts_in_place(job.spec)
                   and not failed_before_training_in_place(status, reported))
