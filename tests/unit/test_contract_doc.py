@@ -74,3 +74,27 @@ def test_exit_code_names_match_the_enum():
     rows = {row[0]: row for row in table_rows(page()) if re.fullmatch(r"\d+", row[0])}
     for member in contract.ExitCode:
         assert f"`{member.name}`" in rows[str(int(member))][1]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# A run of exit codes as the docs write them: "2, 3, 4, 126, 127", "2/3/4/126/127", "2,3,4,126,127".
+_CODE_RUN = re.compile(r"\b\d{1,3}(?:(?:, ?|/)\d{1,3}){2,}\b")
+
+
+def test_every_page_states_the_default_permanent_exit_codes_of_the_code():
+    """Each line of the docs, the README and the examples that gives permanent exit codes with
+    126/127 among them (the defaults) gives exactly contract.DEFAULT_PERMANENT_EXIT_CODES."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").rglob("*.yaml"))]
+    wrong, found = [], 0
+    for path in pages:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "permanent" not in line.lower() and "final" not in line.lower():
+                continue
+            for run in _CODE_RUN.findall(line):
+                codes = tuple(int(c) for c in re.split(r", ?|/", run))
+                if 126 in codes or 127 in codes:
+                    found += 1
+                    if codes != contract.DEFAULT_PERMANENT_EXIT_CODES:
+                        wrong.append(f"{path.relative_to(ROOT)}:{number}: {run}")
+    assert found >= 5, "the pages that state the defaults were not found"
+    assert not wrong, f"not the defaults {contract.DEFAULT_PERMANENT_EXIT_CODES}: {wrong}"

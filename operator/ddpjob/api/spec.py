@@ -154,7 +154,7 @@ class FailurePolicy:
     permanentExitCodes: tuple[int, ...] = spec_field(
         "Container exit codes that fail the job at once (a restart cannot fix them). Every other "
         "non-zero exit, a signal, an eviction or a deleted pod is retryable. Default: the "
-        "trainer's bad-configuration (2) and data-missing (3) codes, and 126/127.",
+        "trainer's bad-configuration (2), data-missing (3) and disk-full (4) codes, and 126/127.",
         default=contract.DEFAULT_PERMANENT_EXIT_CODES, minimum=1, maximum=255, max_items=64,
         unique_items=True)
     progressTimeoutSeconds: Optional[int] = spec_field(
