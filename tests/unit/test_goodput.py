@@ -82,7 +82,9 @@ def test_a_program_that_never_reports_trains_while_it_runs_and_suspension_is_its
     done = timeline((0, PENDING), (20, RUNNING_SILENT), (80, Moment(held="Suspended")), (200, PENDING),
                     (210, RUNNING_SILENT), (300, Moment(finished=True)))
     assert (done.startingSeconds, done.trainingSeconds, done.suspendedSeconds, done.wallSeconds) == (30, 150, 120, 300)
-    assert done.summary == "training 50% of 5m00s; starting 30s, suspended 2m00s"
+    # Nothing reported: the Running time is counted, but no percentage is claimed (issue 36).
+    assert done.summary == "training unknown (no progress reported) of 5m00s; starting 30s, suspended 2m00s"
+    assert done.percent == "unknown"
 
 
 def test_the_clock_never_runs_backwards():

@@ -123,17 +123,28 @@ def _figures(goodput: Goodput) -> Goodput:
     wall = round(sum(getattr(goodput, b) for b in _BUCKETS.values()), 3)
     ratio = goodput.trainingSeconds / wall if wall > 0 else 0.0
     percent = int(ratio * 100 + 1e-9)
-    return replace(goodput, wallSeconds=wall, ratio=round(ratio, 4), percent=f"{percent}%",
+    # Without a progress report nothing tells training from the rest of Running: say so rather
+    # than a percentage (a program that reports nothing would read "training 100%").
+    shown = f"{percent}%" if goodput.highestStep is not None else UNKNOWN
+    return replace(goodput, wallSeconds=wall, ratio=round(ratio, 4), percent=shown,
                    summary=shorten(summary(goodput, wall, percent), GOODPUT_SUMMARY_LIMIT))
 
 
+#: What the goodput says of training and steps re-done while no rank has reported progress.
+UNKNOWN = "unknown"
+
+
 def summary(goodput: Goodput, wall: float, percent: int) -> str:
-    """``training 93% of 2h10m; 3 restarts cost 6m, 410 steps re-done; queued 2m, starting 1m``."""
-    text = f"training {percent}% of {format_duration(wall)}"
+    """``training 93% of 2h10m; 3 restarts cost 6m, 410 steps re-done; queued 2m, starting 1m``;
+    ``training unknown (no progress reported) of 2h10m`` while no rank has reported progress."""
+    reported = goodput.highestStep is not None
+    text = (f"training {percent}% of {format_duration(wall)}" if reported
+            else f"training {UNKNOWN} (no progress reported) of {format_duration(wall)}")
     if goodput.restarts:
         plural = "s" if goodput.restarts != 1 else ""
-        text += (f"; {goodput.restarts} restart{plural} cost {format_duration(goodput.restartingSeconds)}, "
-                 f"{goodput.stepsRedone} step{'s' if goodput.stepsRedone != 1 else ''} re-done")
+        redone = (f"{goodput.stepsRedone} step{'s' if goodput.stepsRedone != 1 else ''} re-done" if reported
+                  else f"steps re-done {UNKNOWN}")
+        text += f"; {goodput.restarts} restart{plural} cost {format_duration(goodput.restartingSeconds)}, {redone}"
     others = [f"{name} {format_duration(seconds)}" for name, seconds in (
         ("queued", goodput.queuedSeconds), ("starting", goodput.startingSeconds),
         ("suspended", goodput.suspendedSeconds)) if seconds >= 0.5]
