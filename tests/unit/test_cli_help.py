@@ -25,3 +25,16 @@ def test_every_command_help_speaks_of_the_user_not_the_code(name):
     text = _subparsers(build_parser())[name].format_help()
     for word in ("module", "subcommand lives", "ddpjob.controller", "ddpjob.api"):
         assert word not in text, (name, word)
+
+
+def test_version_says_the_release_and_the_api_it_speaks():
+    """`ddpjob --version`, through the installed entry point's function, as kubectl's does."""
+    import subprocess
+    import sys
+
+    from ddpjob import __version__
+
+    done = subprocess.run([sys.executable, "-c", "import sys; from ddpjob.cli.main import main; sys.exit(main())",
+                           "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ddpjob {__version__} (API ddpjob.dev/v1alpha1)"

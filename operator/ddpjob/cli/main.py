@@ -16,8 +16,12 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ddpjob import __version__
+    from ddpjob.api.names import GROUP_VERSION
+
     parser = argparse.ArgumentParser(prog="ddpjob", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ddpjob {__version__} (API {GROUP_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from ddpjob.cli import logs, render, run, status, submit, validate
 
