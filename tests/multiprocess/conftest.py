@@ -9,7 +9,6 @@ folders have a conftest module of their own).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Optional, Sequence
 
 import pytest
 
+from ddpjob.local.plan import reserve_free_port
 from tests.support.datasets import write_mnist
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,9 +30,9 @@ _DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MAS
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Below the ephemeral range, as `ddpjob run` picks (reserve_free_port says why)."""
+    with reserve_free_port() as sock:
+        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -10,13 +10,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from ddpjob.local.plan import reserve_free_port
 
 from .certs import Pki, generate_pki
 from .kube import write_kubeconfig
@@ -70,9 +71,10 @@ def control_plane_binaries() -> Path:
 
 
 def free_port() -> int:
-    """A port the kernel just handed out on 127.0.0.1: free unless someone races us for it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+    """A free port below the kernel's ephemeral range, as `ddpjob run` picks its master port:
+    one the kernel handed out could be taken by any outgoing connection before our server
+    binds it (ddpjob.local.plan.reserve_free_port says why)."""
+    with reserve_free_port() as sock:
         return sock.getsockname()[1]
 
 

@@ -142,6 +142,23 @@ def test_reserved_port_is_held_until_released():
     again.close()
 
 
+def test_reserved_port_lies_below_the_kernels_ephemeral_range(tmp_path):
+    # Outgoing connections take their local ports from the ephemeral range: a port picked there
+    # and let go for an instant can be taken by any connect() (the CI run that hit EADDRINUSE).
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    holders = [reserve_free_port() for _ in range(20)]
+    try:
+        assert all(1024 <= h.getsockname()[1] < low for h in holders)
+    finally:
+        for holder in holders:
+            holder.close()
+    narrow = tmp_path / "range"
+    narrow.write_text("20000\t60999\n")  # no room below the range: the kernel's choice
+    holder = reserve_free_port(str(narrow))
+    assert holder.getsockname()[1] > 0
+    holder.close()
+
+
 def test_reserved_ports_differ():
     holders = [reserve_free_port() for _ in range(5)]
     assert len({h.getsockname()[1] for h in holders}) == 5

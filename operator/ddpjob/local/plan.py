@@ -8,6 +8,7 @@ local stand-ins for what the kubelet would provide.
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 from dataclasses import dataclass
@@ -25,17 +26,44 @@ class LocalRunError(Exception):
     """The job cannot run on this machine as written; the message says why and what to change."""
 
 
-def reserve_free_port() -> socket.socket:
-    """A socket bound to port 0 on every IPv4 address: the kernel picks a port nobody holds.
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LISTEN_PORTS_FROM = 20000  # below it sit the well-known and registered services' ports
 
-    The caller keeps it open until just before the nodes start, so nothing else can take the
-    port meanwhile, then closes it for node 0's rendezvous store to bind. Another program could
-    still grab the port in the instant between the two (docs/local-run.md); probing for a
-    "free" port instead would leave that window wide open.
+
+def reserve_free_port(range_file: str = EPHEMERAL_RANGE_FILE) -> socket.socket:
+    """A socket bound, on every IPv4 address, to a port nobody holds and the kernel never lends.
+
+    The port lies below the kernel's ephemeral range (32768-60999 by default): every outgoing
+    connection on this machine takes its local port from that range, so a port picked there
+    (``bind(0)``) and let go for a moment can be taken by any program's connect() before
+    node 0's rendezvous store binds it, and stay taken for as long as that connection lives
+    (EADDRINUSE on every attempt; a CI run under a busy kind cluster hit it). Below the range
+    only a program that names the port could take it. The caller keeps the socket open until
+    just before the nodes start (docs/local-run.md); where the range leaves no room below it,
+    the kernel's choice is the fallback.
     """
+    low, _ = _ephemeral_range(range_file)
+    candidates = list(range(_LISTEN_PORTS_FROM, low))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("", port))  # no SO_REUSEADDR: a port in TIME_WAIT is not taken either
+            return sock
+        except OSError:
+            sock.close()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("", 0))
     return sock
+
+
+def _ephemeral_range(range_file: str) -> tuple[int, int]:
+    try:
+        with open(range_file) as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def visible_gpu_ids(environ: Mapping[str, str], dev_dir: str = "/dev") -> list[str]:
