@@ -359,3 +359,33 @@ def test_a_next_run_is_only_the_jobs_own_pod_of_that_rank():
     waiting = {**pod(0, pod_uid="new"), "status": {"containerStatuses": [
         {"name": names.CONTAINER_NAME, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
     assert job_logs.next_run(JOB, [waiting], followed) == (None, True)  # no log yet
+
+
+@pytest.mark.parametrize("status, message, needle", [
+    (0, "cannot reach the cluster (https://1.2.3.4): [Errno 111] Connection refused", "is the cluster up?"),
+    (403, 'ddpjobs.ddpjob.dev "train" is forbidden', "you may not read ddpjobs"),
+])
+def test_a_refused_job_read_is_hinted_once(monkeypatch, status, message, needle):
+    def get_job(conn, ns, name):
+        raise cluster.ClusterError(message, status)
+
+    monkeypatch.setattr(cluster, "connect", lambda kubeconfig, context: object())
+    monkeypatch.setattr(cluster, "get_job", get_job)
+    out, err = io.StringIO(), io.StringIO()
+    args = build_parser().parse_args(["logs", "train", "-n", "ns"])
+    code = args.handler(args, out, err)
+    text = err.getvalue()
+    assert code == 1 and text.count(needle) == 1 and len(text.strip().splitlines()) == 1, text
+    assert "you may not read pods" not in text  # the job read was refused, not the pod list
+
+
+def test_an_unreachable_cluster_is_said_in_a_few_words():
+    import urllib3
+    refused = urllib3.exceptions.NewConnectionError(
+        None, "<urllib3.connection.HTTPSConnection object at 0x7f>: Failed to establish a new "
+              "connection: [Errno 111] Connection refused")
+    wrapped = urllib3.exceptions.MaxRetryError(None, "/apis/ddpjob.dev/v1/namespaces/ns/ddpjobs/train", refused)
+    assert cluster.connection_failure(wrapped) == "[Errno 111] Connection refused"
+    assert cluster.connection_failure(TimeoutError("timed out")) == "timed out"
+    long = cluster.connection_failure(RuntimeError("x" * 1000))
+    assert len(long) <= 160

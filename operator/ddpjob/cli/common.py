@@ -29,7 +29,8 @@ def read_job(args: argparse.Namespace) -> tuple[Any, dict]:
     try:
         job = cluster.get_job(conn, args.namespace, args.job)
     except cluster.ClusterError as error:
-        raise cluster.ClusterError(cluster.hint(error, args.namespace, "ddpjobs"), error.status) from None
+        raise cluster.ClusterError(cluster.hint(error, args.namespace, "ddpjobs"), error.status,
+                                   hinted=True) from None
     if job is None:
         raise cluster.ClusterError(describe_missing(args.namespace, args.job, args.context), 404)
     return conn, job

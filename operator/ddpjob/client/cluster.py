@@ -9,10 +9,12 @@ commands that need no cluster start without it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddpjob.api import names
+from ddpjob.api.status import shorten
 
 FIELD_MANAGER = "ddpjob-cli"
 REQUEST_TIMEOUT_SECONDS = 30
@@ -26,9 +28,10 @@ CONNECT_TIMEOUT_SECONDS = 10
 class ClusterError(Exception):
     """A request the cluster refused or could not answer; the message is one line for the user."""
 
-    def __init__(self, message: str, status: int = 0, reason: str = ""):
+    def __init__(self, message: str, status: int = 0, reason: str = "", hinted: bool = False):
         super().__init__(message)
         self.status, self.reason = status, reason
+        self.hinted = hinted  # the message already says what to do (``hint``): said once
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,31 @@ class Connection:
             response = self.api.call_api(*params, _request_timeout=timeout)
         except Exception as exc:  # connection refused, timeout, TLS
             raise ClusterError(f"cannot reach the cluster ({self.api.configuration.host}): "
-                               f"{type(exc).__name__}: {exc}") from None
+                               f"{connection_failure(exc)}") from None
         return response
+
+
+# "[Errno 111] Connection refused", "timed out", "CERTIFICATE_VERIFY_FAILED ...": the cause
+# urllib3 wraps in a MaxRetryError whose text is ~400 characters of its own internals.
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")\]]+")
+_CAUSE_LIMIT = 160
+
+
+def connection_failure(exc: BaseException) -> str:
+    """The reason a request could not be made, in a few words: the innermost cause urllib3 names
+    (its ``reason``), else the exception's own text, bounded."""
+    cause: BaseException = exc
+    for _ in range(5):  # MaxRetryError -> NewConnectionError -> ConnectionRefusedError ...
+        inner = getattr(cause, "reason", None)
+        if not isinstance(inner, BaseException):
+            break
+        cause = inner
+    text = str(cause)
+    found = _ERRNO.search(text)
+    if found:
+        return found.group(0).strip()
+    text = text.rpartition(">: ")[2] if ">: " in text else text  # "<...Connection object at 0x..>: why"
+    return shorten(text.strip() or type(cause).__name__, _CAUSE_LIMIT)
 
 
 def connect(kubeconfig: Optional[str] = None, context: Optional[str] = None) -> Connection:
@@ -98,7 +124,10 @@ def connect(kubeconfig: Optional[str] = None, context: Optional[str] = None) -> 
 
 
 def hint(error: ClusterError, namespace: str, resource: str) -> str:
-    """``error`` with what the user can do about it, for the refusals every command meets."""
+    """``error`` with what the user can do about it, for the refusals every command meets (once:
+    an error already hinted is said as it is)."""
+    if getattr(error, "hinted", False):
+        return str(error)
     if error.status == 0 and str(error).startswith("cannot reach"):
         return f"{error} (is the cluster up? check --context and --kubeconfig)"
     if error.status == 401:
