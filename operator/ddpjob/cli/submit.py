@@ -5,6 +5,13 @@ DDPJob runs the entry script in the image (default: the trainer image, which has
 pod entry point). `--dry-run` prints the ConfigMap and the DDPJob as YAML instead, to commit
 or to try with `ddpjob run -f`. A ConfigMap holds at most 1 MiB of text: for more, or for data,
 bake an image or use a shared volume.
+
+What travels from a folder: its regular files, less dotfiles (.env, .git/), caches, what its
+.gitignore and then its .ddpjobignore leave out (gitignore patterns, the last match decides:
+!PATTERN in .ddpjobignore brings back what .gitignore leaves out) and what --exclude names
+(always left out). A link that leads out of the folder, to a file left out, or to anything but
+a regular file is refused, and so is a private key; files that look like secrets (*.pem,
+*.key, *.env, credentials*) are named on stderr before anything is created.
 """
 from __future__ import annotations
 
@@ -54,8 +61,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="with a folder: the script to run, relative to it (default: train.py, "
                         "main.py, or the only top-level .py file)")
     parser.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
-                        help="leave out files matching this glob (repeatable; .* folders, __pycache__ "
-                        "and *.pyc are always left out)")
+                        help="leave out files matching this glob (repeatable), whatever .gitignore and "
+                        ".ddpjobignore say (.* files and folders, __pycache__ and *.pyc are always "
+                        "left out; --exclude .gitignore: its patterns are not read)")
     parser.add_argument("--launcher", choices=LAUNCH_MODES, default="torchrun",
                         help="torchrun (default): the image's pod entry point starts nproc-per-node "
                         "copies of the script, with the init guard; spawn: it starts the script once "
@@ -74,9 +82,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def manifests_from_args(args: argparse.Namespace) -> list[dict]:
-    """The ConfigMap and the DDPJob the flags describe; PackageError or ValueError (one line each)."""
+def manifests_from_args(args: argparse.Namespace, err: Optional[TextIO] = None) -> list[dict]:
+    """The ConfigMap and the DDPJob the flags describe; PackageError or ValueError (one line each).
+    What the code's reading warns of (files that look like secrets) goes to ``err`` first."""
     package = read_package(args.path, entry=args.entry, exclude=args.exclude)
+    for line in package.warnings:
+        print(f"ddpjob submit: warning: {line}", file=err or sys.stderr)
     options = SubmitOptions(
         name=args.name or job_name_from(args.path), namespace=args.namespace, nnodes=args.nnodes,
         nproc_per_node=args.nproc_per_node, device=args.device, image=args.image, launch=args.launcher,
@@ -111,7 +122,7 @@ def _in_flag_terms(path: str, message: str) -> str:
 def run_submit(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        manifests = manifests_from_args(args)
+        manifests = manifests_from_args(args, err)
     except (PackageError, ValueError) as error:
         for line in str(error).splitlines():
             print(f"ddpjob submit: error: {line}", file=err)
