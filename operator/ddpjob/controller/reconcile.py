@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob import restart_orders
-from ddpjob.controller import builders, kueue, progress, stall_stacks
+from ddpjob.controller import builders, entry_asks, kueue, progress, stall_stacks
 from ddpjob.controller import metrics
 from ddpjob.api import goodput, model, node_exclusion
 from ddpjob.api import progress as progress_reports
@@ -105,6 +105,12 @@ class InPlaceMemory:
     # Kubelet restarts: the attempt-at-start annotation written to each pod (uid -> value), so
     # that passes before the watch shows it do not write it again.
     armed: dict[str, int] = field(default_factory=dict)
+    # The last GET /attempt of each pod (uid -> ask), open or answered (entry_asks), and when the
+    # pass wants the job back for an open one (seconds; None: it does not).
+    asks: dict[str, entry_asks.Ask] = field(default_factory=dict)
+    recheck_after: Optional[float] = None
+    # Wakes the job's worker (any thread): an ask answered after its pass went on.
+    wake: Optional[Callable[[], None]] = None
 
 
 @dataclass(frozen=True)
@@ -140,13 +146,15 @@ def reconcile(
     poll: Optional[Poll] = None,
     workloads: Sequence[kueue.WorkloadView] = (),
     services: Optional[Sequence[ServiceView]] = None,
+    entry_reader: Optional[entry_asks.EntryStateReader] = None,
 ) -> Optional[float]:
     """Bring the job one step closer to its spec; returns seconds until a clock needs another
     pass (None: only a change will), or the retry backoff after an error. ``workloads``: the
     Kueue Workloads labelled with the job's name, as the watch last saw them (the job's own is
     the one it controls: ``kueue.standing``). ``services``: the Services labelled with the job's
     name as the watch shows them (None: no Service watch, as in tools and tests; the Service is
-    then created with each gang only)."""
+    then created with each gang only). ``entry_reader``: where the pods' entry points are
+    asked for their state (None: the operator's shared ``entry_asks.READER``)."""
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None  # being deleted: the garbage collector takes the children
@@ -166,7 +174,7 @@ def reconcile(
     else:
         place = _standing(job, status, workloads, settings)
         seen = _observe(job, status, pods, meta.get("generation"), memory, place, settings, now, poll,
-                        services)
+                        services, entry_reader or entry_asks.READER)
         plan = decide(job, status, seen, now, force_delete_after=settings.force_delete_after_seconds)
     try:
         pods_job = job
@@ -193,6 +201,7 @@ def reconcile(
         requeue = acted.requeue_after
         if memory.service_found is not None:  # not watched: look again soon
             requeue = soonest(requeue, settings.creation_retry_max_seconds)
+        requeue = soonest(requeue, memory.in_place.recheck_after)  # an entry state still to come
         if job is not None:
             written = memory.status or plan.status
             _act_on_workload(job, written, pods, _standing(job, written, workloads, settings), memory, kube, now)
@@ -227,13 +236,15 @@ def _standing(job: spec.DDPJob, status: JobStatus, workloads: Sequence[kueue.Wor
 def _observe(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], generation: Optional[int],
              memory: JobMemory, place: kueue.Standing, settings: OperatorSettings,
              now: dt.datetime, poll: Optional[Poll],
-             services: Optional[Sequence[ServiceView]] = None) -> Observation:
+             services: Optional[Sequence[ServiceView]] = None,
+             entry_reader: Optional[entry_asks.EntryStateReader] = None) -> Observation:
     """What this pass saw of the job: its pods, the current attempt's creations so far, its
     progress reports, whether Kueue holds it, the Service with its name."""
     creations = memory.creations.of(status.restartAttempt)
     return Observation(pods, generation, created_ranks=frozenset(creations.created),
                        creation_errors=dict(creations.refused),
-                       entry_states=_entry_states(job, status, pods, memory.in_place, settings),
+                       entry_states=_entry_states(job, status, pods, memory.in_place, settings,
+                                                  entry_reader or entry_asks.READER),
                        progress=_poll_progress(job, status, pods, memory.polling, settings, now, poll),
                        hold=kueue.hold(job, status, place),
                        service=_service(job, services, memory, settings, now),
@@ -250,31 +261,68 @@ def _as_ordered(pods: list[PodView], in_place: InPlaceMemory) -> list[PodView]:
             in_place.ordered.pop(p.uid, None)
     in_place.ordered = {uid: a for uid, a in in_place.ordered.items() if uid in uids}
     in_place.armed = {uid: a for uid, a in in_place.armed.items() if uid in uids}
+    in_place.asks = {uid: a for uid, a in in_place.asks.items() if uid in uids}
     return [replace(p, attempt=in_place.ordered[p.uid]) if p.uid in in_place.ordered else p for p in pods]
 
 
 def _entry_states(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], in_place: InPlaceMemory,
-                  settings: OperatorSettings) -> dict[str, restart_orders.EntryState]:
+                  settings: OperatorSettings,
+                  reader: entry_asks.EntryStateReader) -> dict[str, restart_orders.EntryState]:
     """Ask the entry points of the current attempt's pods whose readiness dropped after they
     were seen ready what happened (their workers failed: they wait for an order). A pod never
     seen ready by this process is not asked: if its workers failed it exits on its own when its
-    wait runs out, and the pod is recreated."""
-    asked: list[PodView] = []
+    wait runs out, and the pod is recreated.
+
+    The asks run on ``reader``'s threads, in the namespace's share (entry_asks): the pass waits
+    for the ones it starts for at most ``entry_asks.PASS_WAIT_SECONDS`` (not at all in a
+    namespace whose asks ran slow), and an answer that comes later wakes the job
+    (``in_place.wake``) for a later pass to take (``in_place.recheck_after`` too). A pod is asked again only
+    ``entry_asks.REASK_SECONDS`` after its last ask; its last answer stands meanwhile, unless
+    the pod was seen ready since (a new drop: the job comes back when the pod may be asked)."""
+    in_place.recheck_after = None
+    lost: list[PodView] = []
     for p in pods:
         if not (is_ours(job, p) and p.attempt == status.restartAttempt and p.restart_token and p.pod_ip):
             continue
         if p.container_ready:
             in_place.seen_ready.add(p.uid)
+            ask = in_place.asks.get(p.uid)
+            if ask is not None:
+                ask.stale = True  # kept while open: one ask per pod in flight, however it flaps
         elif p.uid in in_place.seen_ready and p.running and not p.deleting:
-            asked.append(p)
-    if not asked:
+            lost.append(p)
+    if not lost:
         return {}
+    clock = reader.clock()
+    started: list[entry_asks.Ask] = []
+    for p in lost:
+        ask = in_place.asks.get(p.uid)
+        if ask is not None and (not ask.done.is_set() or clock - ask.asked_at < entry_asks.REASK_SECONDS):
+            if ask.stale and ask.done.is_set():  # asked too recently, before this drop: ask once allowed
+                in_place.recheck_after = soonest(in_place.recheck_after,
+                                                 entry_asks.REASK_SECONDS - (clock - ask.asked_at))
+            continue
+        fresh = reader.ask(job.namespace, p.pod_ip, contract.DEFAULT_PROGRESS_PORT,
+                           settings.progress_request_timeout_seconds,
+                           previous=ask if ask is not None and not ask.stale else None,
+                           on_done=in_place.wake)
+        in_place.asks[p.uid] = fresh
+        started.append(fresh)
     # A whole gang's readiness drops together (its peers lose the dead rank): asked at once,
-    # so the pass waits one deadline, not one per pod.
-    with ThreadPoolExecutor(max_workers=min(len(asked), restart_orders.ORDERS_AT_ONCE)) as pool:
-        answers = list(pool.map(lambda p: restart_orders.fetch_entry_state(
-            p.pod_ip, contract.DEFAULT_PROGRESS_PORT, settings.progress_request_timeout_seconds), asked))
-    return {p.uid: state for p, state in zip(asked, answers) if state is not None}
+    # so the pass waits one bound, not one per pod.
+    reader.wait(job.namespace, started)
+    states: dict[str, restart_orders.EntryState] = {}
+    now = reader.clock()
+    for p in lost:
+        ask = in_place.asks[p.uid]
+        if not ask.done.is_set():
+            in_place.recheck_after = soonest(in_place.recheck_after, entry_asks.RECHECK_SECONDS)
+        if ask.stale:
+            continue  # asked before the pod's last drop: the ask after it is still to come
+        state = ask.answer(now)
+        if state is not None:
+            states[p.uid] = state
+    return states
 
 
 def _service(job: spec.DDPJob, services: Optional[Sequence[ServiceView]], memory: JobMemory,
@@ -536,6 +584,7 @@ def _order_in_place(namespace: str, plan: Plan, memory: JobMemory, kube: KubeApi
     for p in (p for p, ok in zip(pods, taken) if ok):
         memory.in_place.ordered[p.uid] = plan.attempt
         memory.in_place.seen_ready.discard(p.uid)  # asked again once ready in the new attempt
+        memory.in_place.asks.pop(p.uid, None)
         errors.extend(_relabel(namespace, p, kube, {names.LABEL_RESTART_ATTEMPT: str(plan.attempt)}))
     if refused:
         logger.info("%s: %d pod(s) did not take the restart order: recreating them: %s", namespace,

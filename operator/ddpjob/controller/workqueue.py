@@ -21,8 +21,13 @@ The operator's threads, one pool per purpose (docs/operator.md, "Threads"):
 * ``Kube.pool`` (``ddpjob-kube``, create_workers threads): the API requests of one pass that
   go out together (a gang's pod POSTs and DELETEs). The pass waits for them; these threads
   wait on nothing but the API server.
+* ``entry_asks.READER`` (``ddpjob-entry``, ``entry_asks.ASKS_AT_ONCE`` threads): the in-place
+  restart's ``GET /attempt`` of pods whose readiness dropped, at most
+  ``entry_asks.ASKS_PER_NAMESPACE`` of one namespace at once, a free thread going to the
+  namespaces in turn. A pass waits for its asks at most ``entry_asks.PASS_WAIT_SECONDS``, and
+  not at all in a namespace whose asks ran slow; a later answer wakes the job.
 * A pass's own requests to its job's pods (``reconcile``: the in-place restart's
-  ``GET /attempt`` and ``POST /restart``, a stall's ``GET /stacks``): a short-lived pool of at
+  ``POST /restart``, a stall's ``GET /stacks``): a short-lived pool of at
   most ``restart_orders.ORDERS_AT_ONCE`` threads per call, gone when the call returns, each
   request under one deadline of a few seconds. Per pass, not shared, on purpose: another
   tenant's pods that answer slowly hold only their own job's pass, never the threads another
@@ -88,6 +93,10 @@ class JobWorker:
         self.key = job_key(body)
         self.uid = (body.get("metadata") or {}).get("uid")
         self.memory = JobMemory()
+        # An entry point's answer that came after its pass went on wakes the job (from the
+        # asking thread: entry_asks), so a restart waits for the answer, not for a clock.
+        loop = asyncio.get_running_loop()
+        self.memory.in_place.wake = lambda: loop.call_soon_threadsafe(self.wakeup.set)
         self.poll_task: Optional[asyncio.Task] = None  # the job's progress poll, at most one
         self.wakeup = asyncio.Event()
         self.wakeup.set()  # the first pass runs at once
