@@ -4,6 +4,7 @@ command on a fake cluster."""
 from __future__ import annotations
 
 import io
+import threading
 
 import pytest
 
@@ -315,8 +316,11 @@ def test_ctrl_c_ends_a_follow_with_exit_0(monkeypatch):
         def read1(self, n):
             return b"2026-12-02T13:00:00Z x\n"
 
+    readers: list[threading.Thread] = []
+
     class Interrupted(logs_command.queue.Queue):
         def get(self, *args, **kwargs):
+            readers.extend(t for t in threading.enumerate() if t.name.startswith("log-train-node-"))
             raise KeyboardInterrupt
 
     monkeypatch.setattr(logs_command.queue, "Queue", Interrupted)
@@ -327,6 +331,11 @@ def test_ctrl_c_ends_a_follow_with_exit_0(monkeypatch):
     args = build_parser().parse_args(["logs", "train", "-f"])
     err = io.StringIO()
     assert args.handler(args, io.StringIO(), err) == 0 and err.getvalue() == ""
+    # The readers stop with the printing: none goes on reading, or asks for a next run (nor
+    # calls a later test's fakes).
+    for thread in readers:
+        thread.join(5)
+    assert len(readers) == 2 and not [t.name for t in readers if t.is_alive()]
 
 
 @pytest.mark.parametrize("next_run", [{"pod_uid": "pod-0-again"}, {"restarts": 1}], ids=["recreated", "kubelet"])

@@ -19,7 +19,6 @@ import os
 import queue
 import sys
 import threading
-import time
 from typing import Any, Iterator, Optional, TextIO
 
 from ddpjob.api import names
@@ -185,9 +184,10 @@ def _chunks(stream: Any) -> Iterator[bytes]:
         yield chunk
 
 
-def _next_run(reader: _PodReader) -> Optional[_PodReader]:
+def _next_run(reader: _PodReader, stop: threading.Event) -> Optional[_PodReader]:
     """The reader of the node's next run, once it has started; None once the job is finished
-    or gone (an API error ends the wait too: the node's log is then reported as it stopped)."""
+    or gone, or ``stop`` is set (an API error ends the wait too: the node's log is then reported
+    as it stopped)."""
     from ddpjob.client import cluster
 
     args = reader.args
@@ -202,9 +202,8 @@ def _next_run(reader: _PodReader) -> Optional[_PodReader]:
         pod, waiting = job_logs.next_run(job, listed, reader.pod)
         if pod is not None:
             return _PodReader(reader.conn, argparse.Namespace(**{**vars(args), "tail": None}), pod)
-        if not waiting:
+        if not waiting or stop.wait(NEXT_RUN_POLL_SECONDS):
             return None
-        time.sleep(NEXT_RUN_POLL_SECONDS)
 
 
 def _print(line: LogLine, attempt: Optional[int], out: TextIO) -> bool:
@@ -234,34 +233,50 @@ def _follow(readers: list[_PodReader], attempt: Optional[int], out: TextIO) -> i
     its next run: the pod recreated for it, or its container restarted in the pod."""
     lines: queue.Queue = queue.Queue(QUEUE_LINES)
     done = object()
+    # Set when the printing ends (every log ended, Ctrl-C, a closed pipe): the readers then stop
+    # too, rather than go on reading and asking the API server for a next run nobody prints.
+    stop = threading.Event()
+
+    def put(item: Any) -> None:
+        while not stop.is_set():
+            try:
+                lines.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
 
     def read(reader: _PodReader) -> None:
         try:
-            while True:
+            while not stop.is_set():
                 for line in reader.lines():
-                    lines.put(line)
+                    if stop.is_set():
+                        return
+                    put(line)
                 if reader.error:
                     return
-                successor = _next_run(reader)
+                successor = _next_run(reader, stop)
                 if successor is None:
                     return
                 readers.append(successor)  # closed with the others
                 reader = successor
         finally:
-            lines.put(done)
+            put(done)
 
-    for reader in readers:
+    for reader in list(readers):
         threading.Thread(target=read, args=(reader,), daemon=True, name=f"log-{reader.pod.name}").start()
     printed, running = 0, len(readers)
-    while running:
-        try:
-            line = lines.get(timeout=0.5)  # a timeout, so that Ctrl-C is seen at once
-        except queue.Empty:
-            continue
-        if line is done:
-            running -= 1
-            continue
-        printed += _print(line, attempt, out)
-        if lines.empty():
-            out.flush()
+    try:
+        while running:
+            try:
+                line = lines.get(timeout=0.5)  # a timeout, so that Ctrl-C is seen at once
+            except queue.Empty:
+                continue
+            if line is done:
+                running -= 1
+                continue
+            printed += _print(line, attempt, out)
+            if lines.empty():
+                out.flush()
+    finally:
+        stop.set()
     return printed
