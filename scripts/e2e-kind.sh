@@ -6,11 +6,14 @@
 #      2 worker cluster, the trainer and operator images (scripts/images.sh) loaded, manifests/
 #      applied and the operator Deployment Ready (each step cached; an existing cluster is
 #      reused);
-#   2. pytest tests/cluster -m cluster against it (extra arguments go to pytest);
+#   2. pytest tests/cluster against it (extra arguments go to pytest): the tests marked `kubelet`
+#      (what a real kubelet or the real images change: one test per feature, and the node
+#      agent's parity tests; the test bed runs every test, these included), or with
+#      DDPJOB_KIND_SUITE=all the whole end-to-end suite (`-m cluster`);
 #   3. scripts/kind/down.sh, unless DDPJOB_KIND_KEEP=1 (then `make kind-down` later).
 # Where Docker cannot run at all, it says why and exits 0 with the tier skipped
 # (DDPJOB_KIND_REQUIRED=1 makes that a failure).
-# Env: KIND_CLUSTER_NAME (ddpjob), DDPJOB_OFFLINE, DDPJOB_KIND_KEEP, DDPJOB_KIND_REQUIRED.
+# Env: KIND_CLUSTER_NAME (ddpjob), DDPJOB_KIND_SUITE (kubelet or all), DDPJOB_OFFLINE, DDPJOB_KIND_KEEP, DDPJOB_KIND_REQUIRED.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/kind/lib.sh
@@ -49,8 +52,13 @@ export DDPJOB_KIND_SHARED_DIR="$DDPJOB_CACHE/kind/shared-$CLUSTER"
 export DDPJOB_TRAINER_IMAGE="$TRAINER_IMAGE"
 export DDPJOB_E2E_PYTHON_IMAGE="$PYTHON_IMAGE"
 export PYTHONPATH="$PWD/operator:$PWD/trainer${PYTHONPATH:+:$PYTHONPATH}"
+case "${DDPJOB_KIND_SUITE:-kubelet}" in
+  kubelet) selection="cluster and kubelet" ;;
+  all) selection="cluster" ;;
+  *) die "DDPJOB_KIND_SUITE must be kubelet or all, not '${DDPJOB_KIND_SUITE}'" ;;
+esac
 set +e
-python3 -m pytest tests/cluster -m cluster -ra -p no:cacheprovider "$@"
+python3 -m pytest tests/cluster -m "$selection" -ra -p no:cacheprovider "$@"
 rc=$?
 set -e
 log "suite finished in $((SECONDS - start)) s (rc $rc)"

@@ -92,6 +92,7 @@ def ddpjob_names(kubectl, ns: str) -> list[str]:
 # -- the policy ------------------------------------------------------------------------------
 @pytest.mark.parametrize("policy", [POLICY, "ddpjob-operator-owned-children", "ddpjob-ownership",
                                     "ddpjob-queue-label"])
+@pytest.mark.kubelet
 def test_policies_and_bindings_are_installed_and_type_check(cluster, kubectl, manifests_applied,
                                                             policy):
     """kubectl apply -k manifests/ installs each policy and its binding, and the API server
@@ -110,6 +111,7 @@ def test_policies_and_bindings_are_installed_and_type_check(cluster, kubectl, ma
     assert not status.get("typeChecking", {}).get("expressionWarnings"), status
 
 
+@pytest.mark.kubelet
 def test_creator_who_may_not_create_pods_is_refused(cluster, kubectl, ns):
     """The issue's user: DDPJobs yes, pods and Secrets no. Their job, which would mount a
     host path and print a Secret into its status, is refused, naming what is missing."""

@@ -248,6 +248,7 @@ def _table(api_client, namespace: str) -> dict:
                                _return_http_data_only=True)
 
 
+@pytest.mark.kubelet
 def test_kubectl_get_shows_the_printer_columns(cluster, kubectl, namespace, crd_installed):
     job = copy.deepcopy(GOOD_MANIFESTS["minimal"])
     job["metadata"] = {"name": "columns", "namespace": namespace}

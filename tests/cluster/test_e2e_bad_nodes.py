@@ -34,6 +34,7 @@ def _schedulable_nodes(e2e) -> list[str]:
     return sorted(names)
 
 
+@pytest.mark.kubelet
 def test_a_node_that_fails_the_job_twice_is_excluded_and_the_next_attempt_runs_elsewhere(e2e):
     """The job prefers the bad node (a preferred affinity of the user's, so the scheduler puts
     attempts 0 and 1 there) and fails there twice: the node is listed in status.excludedNodes,

@@ -60,6 +60,7 @@ def test_an_evicted_pod_restarts_the_gang_without_spending_max_restarts(e2e):
     assert (row["RESTARTS"], row["DISRUPTIONS"]) == ("0", "1"), (columns, row)
 
 
+@pytest.mark.kubelet
 def test_a_failing_ranks_event_names_the_rank_its_node_and_what_its_exit_code_means(e2e):
     """Node 1 exits 1 on attempt 0: the one Restarting Event and the head of the history name
     node 1, its pod, the Kubernetes node it ran on and the exit code's meaning, as an

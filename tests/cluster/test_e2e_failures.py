@@ -16,6 +16,7 @@ pytestmark = pytest.mark.cluster
 TRAINING_TIMEOUT = 240
 
 
+@pytest.mark.kubelet
 def test_killed_rank_restarts_the_gang_which_resumes_from_the_checkpoint(e2e, shared_host_dir):
     """SIGKILL node 1's training process after the first checkpoint: one gang
     restart, the new gang resumes from the checkpoint on the shared volume, and the step count
@@ -65,6 +66,7 @@ def test_killed_rank_restarts_the_gang_which_resumes_from_the_checkpoint(e2e, sh
     assert int(done["step"]) == int(done["total_steps"]) == total_steps, done
 
 
+@pytest.mark.kubelet
 def test_bad_configuration_fails_at_once_and_names_the_node(e2e):
     """the trainer's bad-configuration exit code (2) is permanent: Failed, no
     restart, status.failedNode names the node, its exit code and message; nothing left running."""

@@ -63,6 +63,7 @@ def _watch(e2e, name: str, timeout: float) -> tuple[dict[str, float], dict]:
     raise TimeoutError(f"{name} did not finish in {timeout}s: saw {sorted(seen)}; status {e2e.status(name)}")
 
 
+@pytest.mark.kubelet
 def test_the_goodput_of_a_job_with_one_restart_is_what_the_test_measured(e2e):
     name = "goodput"
     before = scrape(e2e) if e2e.local else {}

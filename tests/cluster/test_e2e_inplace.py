@@ -45,6 +45,7 @@ def start_and_checkpoint(e2e, name: str, manifest: dict, shared_host_dir: str) -
     return uids(e2e, name)
 
 
+@pytest.mark.kubelet
 def test_a_killed_rank_restarts_the_gang_in_place_and_resumes(e2e, shared_host_dir):
     """SIGKILL of node 1's worker: the same two pods run attempt 1, which resumes from the
     checkpoint at the exact step; one restart, recorded as InPlace."""
@@ -110,6 +111,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.kubelet
 def test_a_restart_order_without_the_pods_token_is_refused(e2e, shared_host_dir):
     name = "in-place-forged"
     before = start_and_checkpoint(e2e, name, checkpointed_job(e2e, name, shared_host_dir),

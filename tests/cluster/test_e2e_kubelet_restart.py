@@ -53,6 +53,7 @@ def restart_count(pod: dict) -> int:
     return pod["status"]["containerStatuses"][0]["restartCount"]
 
 
+@pytest.mark.kubelet
 def test_a_failed_command_restarts_in_its_pod_and_the_next_attempt_sees_its_number(e2e):
     name = "kubelet-restart"
     with PodRecorder(e2e, name) as recorder:
@@ -102,6 +103,7 @@ def test_a_failed_command_restarts_in_its_pod_and_the_next_attempt_sees_its_numb
     assert result.stdout.rstrip().endswith("node-1 | done"), result.stdout
 
 
+@pytest.mark.kubelet
 def test_a_peer_that_does_not_exit_is_recreated_and_the_restarted_pod_stays(e2e):
     name = "kubelet-peer-hangs"
     with PodRecorder(e2e, name) as recorder:
@@ -121,6 +123,7 @@ def test_a_peer_that_does_not_exit_is_recreated_and_the_restarted_pod_stays(e2e)
     assert "run=0 attempt=1" in e2e.wait_for_logs(f"{name}-node-0", "done")
 
 
+@pytest.mark.kubelet
 def test_a_permanent_code_is_not_restarted_and_fails_the_job(e2e):
     name = "kubelet-permanent"
     e2e.create(kubelet_job(name, e2e.image, CODE="2"))

@@ -19,6 +19,7 @@ def example_documents(name: str) -> list[dict]:
     return list(yaml.safe_load_all((EXAMPLES / name).read_text()))
 
 
+@pytest.mark.kubelet
 def test_style1_local_rank_script_runs_unmodified(e2e, kubectl):
     """argparse --local_rank without a default, 2 nodes x 2 processes, localRankFlag."""
     kubectl("apply", "-n", e2e.namespace, "-f", str(EXAMPLES / "ddpjob-launch-local-rank.yaml"))
@@ -78,6 +79,7 @@ def succeeds_with_four_ranks(e2e, name: str) -> None:
         assert f"rank {ranks[0]}/4 ok" in log, log
 
 
+@pytest.mark.kubelet
 def test_torchrun_command_with_two_processes_per_pod_gives_a_coherent_world(e2e, kubectl):
     """A PyTorchJob user's `command: [torchrun, SCRIPT]` with nprocPerNode 2, applied with kubectl:
     accepted (torchrun starts the processes), and torchrun's rendezvous comes from the pod's

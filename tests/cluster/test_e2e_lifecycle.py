@@ -16,6 +16,7 @@ pytestmark = pytest.mark.cluster
 SLEEP_FOREVER = python_command("import time; time.sleep(600)")
 
 
+@pytest.mark.kubelet
 def test_operator_killed_mid_job_creates_no_duplicates(e2e, operator, shared_host_dir):
     """SIGKILL the operator while it creates the gang, and again while the gang
     runs (its pods finish while it is down); each restarted operator adopts what exists. Every
@@ -50,6 +51,7 @@ def test_operator_killed_mid_job_creates_no_duplicates(e2e, operator, shared_hos
     assert pods.pods_per_rank(0) == {rank: 1 for rank in range(nnodes)}, seen
 
 
+@pytest.mark.kubelet
 def test_deleting_a_job_removes_its_pods_and_service(e2e, kubectl):
     """the owner references do it, through the real garbage collector (the operator
     puts no finalizer on DDPJobs)."""
@@ -73,6 +75,7 @@ def test_deleting_a_job_removes_its_pods_and_service(e2e, kubectl):
                          "its pods and Service garbage-collected")
 
 
+@pytest.mark.kubelet
 def test_suspend_deletes_the_pods_and_resume_finishes_the_job(e2e):
     """suspend: true deletes the gang (phase Suspended, no restart counted);
     suspend: false creates the next attempt, which runs to success."""

@@ -23,6 +23,7 @@ def kubectl_row(e2e, name: str, *flags: str) -> dict[str, str]:
     return row
 
 
+@pytest.mark.kubelet
 def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
     before = scrape(e2e)
     name = "progress"
@@ -60,6 +61,7 @@ def test_the_trainer_reports_progress_into_the_status_and_metrics_move(e2e):
     e2e.delete_job(name)
 
 
+@pytest.mark.kubelet
 def test_a_rank_blocked_in_a_collective_is_stalled_and_the_gang_completes_from_its_checkpoint(
         e2e, shared_host_dir):
     name = "stall"

@@ -14,6 +14,7 @@ from .e2e_support import (  # noqa: F401 - e2e is a fixture
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.kubelet
 def test_default_pods_are_admitted_under_restricted_pod_security(e2e):
     """the operator's default pods satisfy the "restricted" profile."""
     enforce_restricted(e2e)
@@ -29,6 +30,7 @@ def test_default_pods_are_admitted_under_restricted_pod_security(e2e):
         assert container["capabilities"] == {"drop": ["ALL"]}
 
 
+@pytest.mark.kubelet
 def test_template_that_breaks_restricted_fails_with_the_admission_message(e2e):
     """a template asking for root is refused by Pod Security admission; the job
     fails with the API server's message, and nothing is left behind."""

@@ -46,6 +46,7 @@ def run_job_that_restarts_once(e2e, tmp_path, name: str) -> dict:
     return status
 
 
+@pytest.mark.kubelet
 def test_status_shows_the_restart(e2e, tmp_path):
     name = "restarts-once"
     run_job_that_restarts_once(e2e, tmp_path, name)

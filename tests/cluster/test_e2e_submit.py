@@ -18,6 +18,7 @@ def submit(cluster, *argv: str) -> subprocess.CompletedProcess:
     return ddpjob_cli(cluster, "submit", *argv)
 
 
+@pytest.mark.kubelet
 def test_submit_a_folder_and_the_job_succeeds(e2e, tmp_path):
     project = write_project(tmp_path / "two-files")
     result = submit(e2e.cluster, str(project), "--nnodes", "2", "--nproc-per-node", "2",

@@ -12,6 +12,7 @@ pytestmark = pytest.mark.cluster
 TRAINING_TIMEOUT = 240  # seconds; a run takes 20-40 s on 2 cores
 
 
+@pytest.mark.kubelet
 def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
     """examples/ddpjob.yaml, unchanged, with kubectl."""
     kubectl("apply", "-n", e2e.namespace, "-f", str(EXAMPLES / "ddpjob.yaml"))
@@ -42,6 +43,7 @@ def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
     assert "REASON" in wide[0].split() and "AllNodesSucceeded" in wide[1].split(), wide
 
 
+@pytest.mark.kubelet
 def test_three_nodes_two_processes_each_train_six_ranks(e2e):
     """3 nodes x 2 processes per node = 6 ranks, under torchrun in each pod."""
     name = "six-ranks"

@@ -16,7 +16,8 @@ import pytest
 from tests.testbed.kube import KubectlError
 from tests.testbed.target import local_testbed_only
 
-pytestmark = pytest.mark.cluster
+# The node agent's parity with a kubelet: on kind they prove the kubelet does what it learnt.
+pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
 # Locally the image is ignored (the node agent runs the host's Python); on kind it must
 # contain python, run as root, and be loadable (scripts/e2e-kind.sh loads it).
 PYTHON_IMAGE = os.environ.get("DDPJOB_E2E_PYTHON_IMAGE", "python:3.11-slim")

@@ -13,6 +13,11 @@ local_testbed_only = pytest.mark.skipif(
 
 # For tests that need what only a real kubelet serves, such as a pod's log through the API
 # server (pods/log): the local test bed's node agent runs the pods but serves no kubelet API.
-kind_only = pytest.mark.skipif(
+# They carry the marker ``kubelet`` too, so the kind tier (which runs only those) runs them.
+_skip_unless_kind = pytest.mark.skipif(
     TARGET != "kind", reason="needs a real kubelet: the local test bed's node agent serves no kubelet "
     "log endpoint, so pods/log cannot work there (DDPJOB_E2E_TARGET=kind)")
+
+
+def kind_only(test):
+    return pytest.mark.kubelet(_skip_unless_kind(test))
