@@ -167,8 +167,8 @@ class EntryStateReader:
             ask.state = None
         finally:
             ask.answered_at = self.clock()
-            ask.done.set()
-            _call(ask.on_done)
+            # The slot is given back before the answer is told: whoever the answer wakes finds
+            # the namespace's count already without this ask.
             with self._lock:
                 self._busy -= 1
                 left = self._running[ask.namespace] - 1
@@ -177,6 +177,8 @@ class EntryStateReader:
                 else:
                     del self._running[ask.namespace]
                 self._dispatch()
+            ask.done.set()
+            _call(ask.on_done)
 
 
 def _call(callback: Optional[Callable[[], None]]) -> None:
