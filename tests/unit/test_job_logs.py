@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import threading
+import types
 
 import pytest
 
@@ -398,3 +399,24 @@ def test_an_unreachable_cluster_is_said_in_a_few_words():
     assert cluster.connection_failure(TimeoutError("timed out")) == "timed out"
     long = cluster.connection_failure(RuntimeError("x" * 1000))
     assert len(long) <= 160
+
+
+def test_a_follow_ends_when_a_thread_found_its_next_run_before_the_printing_began(monkeypatch):
+    """One done per thread started, however soon a thread adds its node's next run."""
+
+    class AtOnce(threading.Thread):  # the thread's whole work before start() returns
+        def start(self):
+            self.run()
+
+    monkeypatch.setattr(logs_command, "threading", types.SimpleNamespace(Thread=AtOnce, Event=threading.Event))
+    reads = iter([stamp(0, "run one"), stamp(9, "run two")])
+    result = []
+    follow = threading.Thread(target=lambda: result.append(run_logs(
+        monkeypatch, "-f", "--rank", "0", pods=[pod(0)], jobs=[JOB, JOB],
+        later_pods=[[pod(0, attempt=1, first=1, pod_uid="pod-0-again")]],
+        pod_log=lambda conn, ns, name, container, **kwargs: FakeStream(next(reads).encode()))), daemon=True)
+    follow.start()
+    follow.join(10)
+    assert result, "ddpjob logs -f still waits for a reader that never ran"
+    code, out, err = result[0]
+    assert (code, err) == (0, "") and "node-0 | run two" in out, (out, err)

@@ -262,9 +262,10 @@ def _follow(readers: list[_PodReader], attempt: Optional[int], out: TextIO) -> i
         finally:
             put(done)
 
-    for reader in list(readers):
+    first_runs = list(readers)  # a thread appends its node's next run to readers as it goes
+    for reader in first_runs:
         threading.Thread(target=read, args=(reader,), daemon=True, name=f"log-{reader.pod.name}").start()
-    printed, running = 0, len(readers)
+    printed, running = 0, len(first_runs)
     try:
         while running:
             try:
