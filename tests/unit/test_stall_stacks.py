@@ -10,7 +10,6 @@ import pytest
 
 from ddpjob import contract
 from ddpjob.api.spec import FailurePolicy
-from ddpjob.controller import reconcile as reconcile_module
 from ddpjob import restart_orders
 from ddpjob.controller import stall_stacks
 from ddpjob.controller.reconcile import JobMemory, reconcile
@@ -182,7 +181,7 @@ def test_a_pod_that_does_not_answer_never_holds_up_the_restart(monkeypatch):
 def test_a_real_hostile_pod_never_holds_up_the_restart(monkeypatch):
     real = restart_orders.fetch_stacks
     with fake_pod(200, b"{" * 100 + b" " * 3000, delay=0.2) as (port, _):
-        monkeypatch.setattr(reconcile_module.contract, "DEFAULT_PROGRESS_PORT", port)
+        monkeypatch.setattr(contract, "DEFAULT_PROGRESS_PORT", port)
         pods = [pod_view(r, "Running", 0, pod_ip="127.0.0.1", restart_token=f"token-{r}", container_ready=True,
                          node_name=f"worker-{r}") for r in range(2)]
         started = time.monotonic()

@@ -1,7 +1,7 @@
 """Asking pod entry points for their state (``GET /attempt``) off the reconcile threads, in
 shares per namespace (issue 35, finding 3).
 
-A pass whose gang lost readiness asks the pods what happened (``reconcile._entry_states``).
+A pass whose gang lost readiness asks the pods what happened (``observe._entry_states``).
 Those pods are the job's, so whoever wrote its command can make them answer slowly and flap
 their readiness. Asked on the pass's own thread, a pod that answers slowly held a reconcile
 thread for a deadline (2 s) per round of 16 pods, again on every pass: a tenant with enough such
