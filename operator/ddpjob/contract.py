@@ -221,6 +221,24 @@ ENTRY_RUNNING = "running"
 ENTRY_FAILED = "failed"
 ENTRY_STOPPING = "stopping"
 ENTRY_STATES = (ENTRY_RUNNING, ENTRY_FAILED, ENTRY_STOPPING)
+#: What moves the entry point between its states: an order accepted (POST /restart for a
+#: later attempt), the attempt's workers failing retryably, the ordered attempt starting.
+ENTRY_ORDER = "order"
+ENTRY_FAIL = "fail"
+ENTRY_BEGIN = "begin"
+#: The entry point's transitions, (state, event) -> next state, in one place: restart_control's
+#: EntryControl makes every change of its state through this table, and docs/contract.md shows
+#: it (a test compares). An event a state does not list leaves the state as it is. Beside it,
+#: what ends the pod in any state: success, a permanent code, no order in time, the kubelet's
+#: SIGTERM.
+ENTRY_TRANSITIONS: dict[tuple[str, str], str] = {
+    (ENTRY_RUNNING, ENTRY_FAIL): ENTRY_FAILED,      # wait for an order; /ready says 503
+    (ENTRY_RUNNING, ENTRY_ORDER): ENTRY_STOPPING,   # a healthy pod of a failed gang: stop the workers
+    (ENTRY_FAILED, ENTRY_ORDER): ENTRY_STOPPING,    # the order the failed pod waited for
+    (ENTRY_STOPPING, ENTRY_ORDER): ENTRY_STOPPING,  # a retry of the order, or a newer attempt's
+    (ENTRY_STOPPING, ENTRY_FAIL): ENTRY_STOPPING,   # the stopped workers' end: the order stands
+    (ENTRY_STOPPING, ENTRY_BEGIN): ENTRY_RUNNING,   # the ordered attempt's workers start
+}
 #: Bounds of the protocol: the message of /attempt, a /restart body, a whole /attempt answer.
 MAX_ENTRY_MESSAGE_CHARS = 1024
 MAX_RESTART_BODY_BYTES = 1024

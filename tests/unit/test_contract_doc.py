@@ -98,3 +98,10 @@ def test_every_page_states_the_default_permanent_exit_codes_of_the_code():
                         wrong.append(f"{path.relative_to(ROOT)}:{number}: {run}")
     assert found >= 5, "the pages that state the defaults were not found"
     assert not wrong, f"not the defaults {contract.DEFAULT_PERMANENT_EXIT_CODES}: {wrong}"
+
+
+def test_the_entry_points_transitions_are_the_table_the_page_shows():
+    rows = set(re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(\w+)` \|", page(), re.MULTILINE))
+    assert rows == {(state, event, after) for (state, event), after in contract.ENTRY_TRANSITIONS.items()}
+    assert {s for s, _ in contract.ENTRY_TRANSITIONS} | set(contract.ENTRY_TRANSITIONS.values()) \
+        == set(contract.ENTRY_STATES)

@@ -443,3 +443,34 @@ def test_a_stop_that_kills_what_is_left_spares_the_warm_process_not_its_workers(
                          env=env, check=True).stdout.split()
     spared, below, other = out
     assert spared in ("S", "R") and below in ("Z", "gone") and other == str(-9)
+
+
+def _control_in(state: str) -> EntryControl:
+    """An EntryControl brought to ``state`` the way the entry point gets there."""
+    control = EntryControl(1, "t" * 32)
+    control.workers_active(True)
+    if state == contract.ENTRY_FAILED:
+        control.fail(1, "boom")
+    elif state == contract.ENTRY_STOPPING:
+        assert control.order(2)[0] == 202
+    assert control.snapshot().state == state
+    return control
+
+
+# Every state with every event the entry point can meet there (it begins an attempt only once
+# one is ordered: from stopping).
+EVENTS_MET = [(state, event) for state in contract.ENTRY_STATES
+              for event in (contract.ENTRY_ORDER, contract.ENTRY_FAIL, contract.ENTRY_BEGIN)
+              if event != contract.ENTRY_BEGIN or state == contract.ENTRY_STOPPING]
+
+
+@pytest.mark.parametrize("state,event", EVENTS_MET)
+def test_every_state_change_is_the_tables(state, event):
+    control = _control_in(state)
+    if event == contract.ENTRY_ORDER:
+        control.order(3)
+    elif event == contract.ENTRY_FAIL:
+        control.fail(1, "boom")
+    else:
+        control.begin(control.ordered)
+    assert control.snapshot().state == contract.ENTRY_TRANSITIONS.get((state, event), state)

@@ -30,6 +30,13 @@ bounded by the rendezvous timeout); DDPJOB_INIT_GUARD=0 turns it off.
 3. A short summary goes to the termination-message file, for ``kubectl describe`` and for the
    operator's ``status.failedNode.message``.
 
+In InPlace mode the pod runs attempts in a loop (``_attempts``): each attempt waits for the
+master, runs the workers and reads their end; success, a permanent code, no order within
+DDPJOB_RESTART_WAIT_SECONDS and the kubelet's SIGTERM end the pod, a retryable failure waits
+for the operator's order. What its HTTP side says meanwhile (``running``, ``failed``,
+``stopping``) and what moves it is one table, ``contract.ENTRY_TRANSITIONS`` (docs/contract.md,
+"In-place restart"), kept by ``restart_control.EntryControl``.
+
 Each attempt starts with one line on stderr, ``ddptrain-pod: attempt N starts (run R)``
 (``contract.attempt_mark``), the pod's first line included: ``ddpjob logs`` reads the attempts
 from them.

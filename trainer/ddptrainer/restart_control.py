@@ -74,7 +74,8 @@ def read_restart_settings(environ: Mapping[str, str], log: Log) -> Optional[Rest
 
 
 class EntryControl:
-    """One pod entry point's attempt and state (``running`` / ``failed`` / ``stopping``).
+    """One pod entry point's attempt and state (``running`` / ``failed`` / ``stopping``; every
+    change through ``contract.ENTRY_TRANSITIONS``, the one table of them).
 
     The main thread reports (``begin``, ``fail``, ``workers_active``) and waits
     (``wait_for_order``); HTTP threads order (``order``). An order accepted while workers run
@@ -163,11 +164,15 @@ class EntryControl:
             if self._state == contract.ENTRY_RUNNING and self._active:
                 signal_workers = True
                 self._self_signals += 1
-            self._state = contract.ENTRY_STOPPING
+            self._move(contract.ENTRY_ORDER)
             self._lock.notify_all()
         if signal_workers:
             self.stop_workers()
         return 202, {"attempt": attempt, "state": contract.ENTRY_STOPPING}
+
+    def _move(self, event: str) -> None:
+        """The state after ``event``, as ``contract.ENTRY_TRANSITIONS`` says (the lock held)."""
+        self._state = contract.ENTRY_TRANSITIONS.get((self._state, event), self._state)
 
     def _refusal(self, why: str) -> dict[str, Any]:
         return {"attempt": self._attempt, "state": self._state, "error": why}
@@ -176,7 +181,8 @@ class EntryControl:
     def begin(self, attempt: int) -> None:
         """Attempt ``attempt`` starts (its workers are not up yet)."""
         with self._lock:
-            self._attempt, self._state, self._ordered = attempt, contract.ENTRY_RUNNING, None
+            self._move(contract.ENTRY_BEGIN)
+            self._attempt, self._ordered = attempt, None
             self._begun = True
             self._exit_code, self._message, self._failed_at = None, "", None
             self._reported = False
@@ -191,8 +197,7 @@ class EntryControl:
         with self._lock:
             self._reported = reported
             self._active = False
-            if self._ordered is None:
-                self._state = contract.ENTRY_FAILED
+            self._move(contract.ENTRY_FAIL)  # failed; stopping stays: the order stands
             self._exit_code, self._message = exit_code, message[:contract.MAX_ENTRY_MESSAGE_CHARS]
             self._failed_at = self._clock()
 
