@@ -330,3 +330,42 @@ def test_peers_restarted_with_the_culprit_are_one_gang_restart_each_time():
     gang = [kubelet_pod(0, restarts=3, last_exit=13), kubelet_pod(1, restarts=3, last_exit=1)]
     plan = decide(own_job(maxRestarts=10), running_status(), gang, at(0))
     assert plan.status.restarts == 3
+
+
+# --- the annotation edited by someone who may patch pods (issue 35, "not yet examined") ---------
+@pytest.mark.parametrize("edited", ["99", "abc", "-1", "1" * 40, ""])
+def test_an_edited_attempt_annotation_moves_no_count_and_is_armed_again(edited):
+    """``ddpjob.dev/attempt-at-start`` is not guarded by ddpjob-ownership (docs/security.md): a
+    user of the namespace may write anything there. It is only what the next container start
+    sees; the status, the budget and the attempt come from the labels and restartCount."""
+    from ddpjob.controller.observation import view_pod as view
+
+    raw = {"metadata": {"name": "train-node-1", "uid": "u1", "annotations": {names.ANNOTATION_ATTEMPT_AT_START: edited},
+                        "labels": {names.LABEL_NODE_RANK: "1", names.LABEL_RESTART_ATTEMPT: "0"}},
+           "spec": {}, "status": {"phase": "Running"}}
+    seen = view(raw).attempt_at_start
+    assert seen is not None and 0 <= seen <= 1_000_000  # a bounded count, whatever was written
+
+    job = own_job(maxRestarts=3)
+    honest = decide(job, running_status(), [kubelet_pod(0, attempt_at_start=1), kubelet_pod(1, attempt_at_start=1)], at(0))
+    tampered = decide(job, running_status(), [kubelet_pod(0, attempt_at_start=1), kubelet_pod(1, attempt_at_start=seen)],
+                      at(0))
+    assert tampered.status == honest.status and tampered.delete == honest.delete == ()
+    # Anything but the next attempt is written again on the next pass (once the watch shows it).
+    assert [p.name for p in tampered.arm] == ([] if seen == 1 else ["train-node-1"])
+
+
+def test_an_annotation_edited_after_the_watch_showed_it_is_written_again():
+    from ddpjob.controller.reconcile import JobMemory
+    from tests.support.operator_fakes import FakeKube, body, run_pass
+
+    job_body = body(command=list(OWN_COMMAND), status=running_status().to_dict())
+    kube, memory = FakeKube(), JobMemory()
+    armed = [kubelet_pod(0, attempt_at_start=1), kubelet_pod(1, attempt_at_start=0)]
+    run_pass(job_body, armed, memory, kube, now=at(1))  # node 1 armed
+    shown = [kubelet_pod(0, attempt_at_start=1), kubelet_pod(1, attempt_at_start=1)]
+    run_pass(job_body, shown, memory, kube, now=at(2))  # the watch shows it
+    edited = [kubelet_pod(0, attempt_at_start=1), kubelet_pod(1, attempt_at_start=7)]
+    run_pass(job_body, edited, memory, kube, now=at(3))  # someone wrote 7
+    writes = [entry[1] for entry in kube.log if entry[0] == "relabel"]
+    assert writes == ["train-node-1", "train-node-1"]

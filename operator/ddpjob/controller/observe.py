@@ -62,7 +62,10 @@ def _as_ordered(pods: list[PodView], in_place: InPlaceMemory) -> list[PodView]:
         if in_place.ordered.get(p.uid, -1) <= p.attempt:
             in_place.ordered.pop(p.uid, None)
     in_place.ordered = {uid: a for uid, a in in_place.ordered.items() if uid in uids}
-    in_place.armed = {uid: a for uid, a in in_place.armed.items() if uid in uids}
+    # An arming the watch has shown is forgotten: a later edit of the annotation (anyone who may
+    # patch the pod) is then written over again.
+    shown = {p.uid: p.attempt_at_start for p in pods}
+    in_place.armed = {uid: a for uid, a in in_place.armed.items() if uid in uids and shown[uid] != a}
     in_place.asks = {uid: a for uid, a in in_place.asks.items() if uid in uids}
     return [replace(p, attempt=in_place.ordered[p.uid]) if p.uid in in_place.ordered else p for p in pods]
 
