@@ -127,6 +127,31 @@ def test_a_stall_with_the_budget_spent_fails_the_job():
     assert "was stalled and the restart budget (2) is spent" in plan.status.message
 
 
+def test_a_gang_that_trained_to_its_last_step_is_exiting_not_stalled():
+    """Found on the test bed under load: both ranks reported step 10 of 10, node 0 exited 0, and
+    node 1's torchrun took more than the 15 s bound to leave its exit barrier (node 0's store was
+    gone); the silence was declared a stall, the budget was spent, the finished job Failed."""
+    job = policy_job(progressTimeoutSeconds=15, maxRestarts=2)
+    done = progress.merge(None, 0, [answer((0, 100, 40), (1, 100, 40))])
+    assert progress.stall(job, done, at(-500), NOW) == (None, None)
+    one_short = progress.merge(None, 0, [answer((0, 100, 40), (1, 99, 40))])
+    assert progress.stall(job, one_short, at(-500), NOW)[0] is not None  # still a stall
+    half_reported = progress.merge(None, 0, [answer((0, 100, 40))])  # rank 1 never reported its end
+    assert progress.stall(job, half_reported, at(-500), NOW)[0] is not None
+    plan = decide(job, running_status(), pods(), NOW, progress=done)
+    assert plan.status.phase == RUNNING and not plan.delete and plan.status.restarts == 0
+
+
+def test_once_a_node_succeeded_the_others_are_exiting_not_stalled():
+    job = policy_job(progressTimeoutSeconds=15, maxRestarts=2)
+    silent = progress.merge(None, 0, [answer((0, 42, 40), (1, 42, 40))])  # short of their last step
+    exiting = [pod_view(0, "Succeeded", exit_code=0), pod_view(1, "Running", pod_ip="10.0.0.2")]
+    plan = decide(job, running_status(), exiting, NOW, progress=silent)
+    assert plan.status.phase == RUNNING and not plan.delete and plan.status.restarts == 0
+    assert "1 succeeded" in plan.status.message
+    assert decide(job, running_status(), pods(), NOW, progress=silent).status.reason == "Stalled"
+
+
 def test_a_job_that_never_reports_runs_as_before():
     plan = decide(make_job(2), running_status(), pods(), NOW, progress=None)
     assert plan.status.phase == RUNNING and plan.status.progress is None and plan.requeue_after is None

@@ -242,6 +242,8 @@ def stall(job: spec.DDPJob, progress: Optional[GangProgress], running_since: dt.
     world = job.spec.nnodes * job.spec.nprocPerNode
     reported = progress is not None and bool(progress.ranks)
     watched = progress.watched_since if progress is not None else None
+    if reported and _trained_to_the_end(progress, world):
+        return None, None  # every rank reported its last step: what is left is the exit (a save, a barrier)
     if reported and policy.progressTimeoutSeconds:
         last = progress.last_report_at
         left = policy.progressTimeoutSeconds - (now - max(last, watched or last)).total_seconds()
@@ -279,6 +281,11 @@ def stall(job: spec.DDPJob, progress: Optional[GangProgress], running_since: dt.
                    f"init that never completed; silent: rank(s) {_ranks(range(world))}")
         return Stall(message, tuple(range(world)), 0), None
     return None, None
+
+
+def _trained_to_the_end(progress: GangProgress, world: int) -> bool:
+    ranks = {r: rep for r, rep in progress.ranks.items() if 0 <= r < world}
+    return len(ranks) == world and all(rep.total_steps and rep.step >= rep.total_steps for rep in ranks.values())
 
 
 def _ranks(ranks: Sequence[int] | range) -> str:

@@ -184,8 +184,11 @@ def _running(job: spec.DDPJob, status: JobStatus, observed: JobStatus, pods: Seq
     running = replace(with_phase(observed, RUNNING, "AllNodesRunning", message, now), failedNode=None)
     since = status.condition(RUNNING) if status.phase == RUNNING else None
     running_since = (parse_time(since.lastTransitionTime) if since else None) or now
-    stalled, stall_due = progress_reports.stall(job, progress, running_since, now)
-    overdue, overdue_due = in_place_start_overdue(job, status, progress, now)
+    if ranks.succeeded:  # the training is over (a node exited 0): what runs is exiting, not stalled
+        stalled, stall_due, overdue, overdue_due = None, None, None, None
+    else:
+        stalled, stall_due = progress_reports.stall(job, progress, running_since, now)
+        overdue, overdue_due = in_place_start_overdue(job, status, progress, now)
     if stalled is not None or overdue is not None:
         return on_stall(job, observed, pods, now, stalled or overdue)
     stall_due = soonest(stall_due, overdue_due)
