@@ -28,6 +28,7 @@ Meanings chosen (the peers disagree, see docs/contract.md):
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import math
 import os
@@ -165,7 +166,17 @@ def read_progress_reports(directory: str, now: Optional[float] = None,
 #: pod entry point wait for a restart order after a retryable failure of its workers.
 DDPJOB_RESTART_MODE = "DDPJOB_RESTART_MODE"
 #: The credential a restart order carries (``Authorization: Bearer <token>``), random per pod.
+#: ``ddpjob run`` gives its local nodes the token itself; the operator gives a pod only
+#: DDPJOB_RESTART_TOKEN_SHA256, the token's digest, because a pod's environment is readable by
+#: every reader of its namespace (``kubectl describe``, the ``view`` role, monitoring agents) and
+#: a digest lets none of them order a restart (docs/security.md, "The restart token").
 DDPJOB_RESTART_TOKEN = "DDPJOB_RESTART_TOKEN"
+#: The SHA-256 of the pod's restart token, 64 lowercase hex digits: an order is taken when the
+#: digest of the token it carries is this one.
+DDPJOB_RESTART_TOKEN_SHA256 = "DDPJOB_RESTART_TOKEN_SHA256"
+#: Public and random per pod: what the operator's key turns into the pod's token (the entry
+#: point never reads it; the operator reads it back from the pod's spec).
+DDPJOB_RESTART_NONCE = "DDPJOB_RESTART_NONCE"
 #: How long a pod whose workers failed (retryably) waits for an order before it exits.
 DDPJOB_RESTART_WAIT_SECONDS = "DDPJOB_RESTART_WAIT_SECONDS"
 #: How long the workers of a pod ordered to restart get to save before they are killed.
@@ -430,6 +441,8 @@ def node_environment(
     job_uid: str = "",
     restart_mode: str | None = None,
     restart_token: str | None = None,
+    restart_token_sha256: str | None = None,
+    restart_nonce: str | None = None,
     restart_wait_seconds: int = DEFAULT_RESTART_WAIT_SECONDS,
     permanent_exit_codes: Sequence[int] = (),
 ) -> dict[str, str]:
@@ -475,7 +488,15 @@ def node_environment(
         env[DDPJOB_RESTART_WAIT_SECONDS] = str(restart_wait_seconds)
         if restart_token:
             env[DDPJOB_RESTART_TOKEN] = restart_token
+        if restart_token_sha256:
+            env[DDPJOB_RESTART_TOKEN_SHA256] = restart_token_sha256
+            env[DDPJOB_RESTART_NONCE] = restart_nonce or ""
     return env
+
+
+def restart_token_digest(token: str) -> str:
+    """What DDPJOB_RESTART_TOKEN_SHA256 holds for ``token``."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

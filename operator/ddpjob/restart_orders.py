@@ -10,13 +10,20 @@ state. They run on the pass's thread, but only for the pods that need them: a po
 readiness dropped after it was seen ready (its workers failed, or it is restarting), and the
 pods of a gang being restarted; each costs at most its deadline.
 
-The order's credential is the pod's own ``DDPJOB_RESTART_TOKEN``: random per pod, written in
-its spec by the operator (``new_token``), read back from the pod object the watch holds. Who
-can read the pod's spec (its namespace's users) could restart its training anyway; another
-tenant's pod, which can reach the port, cannot.
+The order's credential is the pod's restart token. ``ddpjob run`` gives each local node a random
+one (``new_token``). The operator never writes a pod's token anywhere: a pod's spec is readable
+by every reader of its namespace (``kubectl describe``, the ``view`` role, monitoring agents),
+and a token there would let any of them restart the training or read its stacks. Instead a pod
+gets a random public nonce and the digest of its token (contract.DDPJOB_RESTART_TOKEN_SHA256);
+the token is the HMAC of the pod's namespace, name and nonce under the operator's key
+(``RestartKey``, kept in a Secret of the operator's namespace: controller/restart_key.py), so
+every replica, and the operator after a restart, can make it again and nobody else can.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import ipaddress
 import json
 import secrets
@@ -36,6 +43,34 @@ STACKS_ANSWER_LIMIT = contract.MAX_STACKS_ANSWER_BYTES + 1024
 
 def new_token() -> str:
     return secrets.token_urlsafe(24)
+
+
+KEY_BYTES = 32
+NONCE_LIMIT = 64  # characters of a nonce read back from a pod (ours are 22)
+
+
+class RestartKey:
+    """The operator's key: a pod's restart token from its namespace, name and nonce."""
+
+    def __init__(self, key: bytes):
+        if len(key) < KEY_BYTES:
+            raise ValueError(f"a restart key has at least {KEY_BYTES} bytes, got {len(key)}")
+        self._key = key
+
+    def __repr__(self) -> str:
+        return "RestartKey(...)"  # never the key in a log line
+
+    def token(self, namespace: str, pod_name: str, nonce: str) -> str:
+        """The pod's token; "" for a pod without a nonce (not made to be restarted in place)."""
+        if not nonce or len(nonce) > NONCE_LIMIT:
+            return ""
+        message = f"{namespace}/{pod_name}/{nonce}".encode("utf-8")
+        return base64.urlsafe_b64encode(hmac.new(self._key, message, hashlib.sha256).digest()).decode("ascii").rstrip("=")
+
+    def credential(self, namespace: str, pod_name: str) -> tuple[str, str]:
+        """A new pod's (nonce, digest of its token): what its spec carries."""
+        nonce = secrets.token_urlsafe(16)
+        return nonce, contract.restart_token_digest(self.token(namespace, pod_name, nonce))
 
 
 def _request(ip: str, port: int, method: str, path: str, deadline: float, *,
@@ -87,7 +122,7 @@ def fetch_entry_state(ip: str, port: int, deadline: float) -> Optional[EntryStat
     return parse_entry_state(answer[1])
 
 
-__all__ = ["EntryState", "fetch_entry_state", "fetch_stacks", "new_token", "order_restart",
+__all__ = ["EntryState", "fetch_entry_state", "fetch_stacks", "new_token", "RestartKey", "order_restart",
            "parse_entry_state"]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from ddpjob import contract
 from ddpjob.api import names
+from tests.testbed.operator_runner import OPERATOR_NAMESPACE
 
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
     ONE_THREAD_ENV, TINY_TRAINING_ARGS, PodRecorder, checkpoint_steps, ddpjob_manifest, e2e,
@@ -94,13 +95,16 @@ def test_a_deleted_pod_is_recreated_while_the_other_restarts_in_place(e2e, share
     assert after[f"{name}-node-1"] != before[f"{name}-node-1"], (before, after)
 
 
-# An order without the pod's token, as another tenant's pod would send it: refused, and the
-# training goes on. Run inside node 0's pod (it can reach node 1, as any pod can).
+# An order without the pod's token, as another tenant's pod would send it, or with what a reader
+# of the pod's spec finds there (the token's digest, its nonce): refused, and the training goes
+# on. Run inside node 0's pod (it can reach node 1, as any pod can).
 FORGED_ORDER = r"""
 import json, sys, urllib.request, urllib.error
-ip, port = sys.argv[1], int(sys.argv[2])
+ip, port, digest, nonce = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 out = {}
-for name, headers in (("none", {}), ("wrong", {"Authorization": "Bearer not-the-token"})):
+for name, headers in (("none", {}), ("wrong", {"Authorization": "Bearer not-the-token"}),
+                      ("digest", {"Authorization": f"Bearer {digest}"}),
+                      ("nonce", {"Authorization": f"Bearer {nonce}"})):
     request = urllib.request.Request(f"http://{ip}:{port}/restart", data=b'{"attempt": 7}',
                                      headers={"Content-Type": "application/json", **headers})
     try:
@@ -116,8 +120,17 @@ def test_a_restart_order_without_the_pods_token_is_refused(e2e, shared_host_dir)
     name = "in-place-forged"
     before = start_and_checkpoint(e2e, name, checkpointed_job(e2e, name, shared_host_dir),
                                   shared_host_dir)
-    target = e2e.pod(f"{name}-node-1")["status"]["podIP"]
-    argv = ["python", "-c", FORGED_ORDER, target, str(contract.DEFAULT_PROGRESS_PORT)]
+    pod = e2e.pod(f"{name}-node-1")
+    target = pod["status"]["podIP"]
+    # What every reader of the namespace sees of the pod: never the token (issue 35).
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert contract.DDPJOB_RESTART_TOKEN not in env, env
+    digest, nonce = env[contract.DDPJOB_RESTART_TOKEN_SHA256], env[contract.DDPJOB_RESTART_NONCE]
+    assert len(digest) == 64 and nonce, env
+    # The key that makes tokens of nonces lives in the operator's namespace, in a Secret.
+    assert e2e.cluster.kubectl("get", "secret", "ddpjob-restart-key", "-n", OPERATOR_NAMESPACE,
+                               check=False).returncode == 0
+    argv = ["python", "-c", FORGED_ORDER, target, str(contract.DEFAULT_PROGRESS_PORT), digest, nonce]
     if e2e.local:
         import subprocess
         import sys
@@ -126,7 +139,8 @@ def test_a_restart_order_without_the_pods_token_is_refused(e2e, shared_host_dir)
         result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, f"{name}-node-0", "-c",
                                      names.CONTAINER_NAME, "--", *argv, check=False)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"none": 401, "wrong": 401}
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"none": 401, "wrong": 401, "digest": 401,
+                                                                  "nonce": 401}
     status = e2e.wait_until_finished(name, TRAINING_TIMEOUT)
     assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
     assert uids(e2e, name) == before

@@ -70,7 +70,7 @@ def test_the_status_shows_the_slowest_ranks_cost_and_keeps_it_until_the_next_att
 
 
 def _gang(attempt=0):
-    return [pod_view(r, "Running", attempt, pod_ip=f"10.0.0.{r + 1}", restart_token=f"token-{r}",
+    return [pod_view(r, "Running", attempt, pod_ip=f"10.0.0.{r + 1}", restart_nonce=f"token-{r}",
                      node_name=f"worker-{r}", container_ready=True) for r in range(2)]
 
 

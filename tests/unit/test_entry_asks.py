@@ -92,7 +92,7 @@ def _job(namespace: str, uid: str, nnodes: int = 4) -> dict:
 
 def _lost_gang(job: int, uid: str, ready: bool = False):
     """A gang of four whose readiness dropped (or not), on the hostile IPs 10.9.<job>.<rank>."""
-    return [pod_view(r, "Running", 0, pod_ip=f"10.9.{job}.{r}", restart_token=f"token-{r}",
+    return [pod_view(r, "Running", 0, pod_ip=f"10.9.{job}.{r}", restart_nonce=f"nonce-{r}",
                      node_name=f"worker-{r}", container_ready=ready, uid=f"{uid}-pod-{r}", owner_uid=uid,
                      job=f"train-{uid}")
             for r in range(4)]
@@ -133,7 +133,7 @@ def test_slow_flapping_pods_of_one_tenant_never_delay_another_namespaces_restart
     # The victim, elsewhere: its failed pod answers, and its pass restarts the gang at once.
     victim, memory, kube = _job("victim", "victim", nnodes=2), JobMemory(), FakeKube()
     memory.status = running_status()
-    pods = [pod_view(r, "Running", 0, pod_ip=f"10.0.0.{r + 1}", restart_token=f"token-{r}",
+    pods = [pod_view(r, "Running", 0, pod_ip=f"10.0.0.{r + 1}", restart_nonce=f"nonce-{r}",
                      node_name=f"worker-{r}", container_ready=r == 0, uid=f"victim-pod-{r}", owner_uid="victim",
                      job="train-victim")
             for r in range(2)]

@@ -29,8 +29,15 @@ FAILED_137 = EntryState(0, contract.ENTRY_FAILED, 137, "worker rank 2 exited 137
 
 def gang(attempt: int = 0, **fields):
     fields = {"container_ready": True, **fields}
-    return [pod_view(r, "Running", attempt, pod_ip=f"10.0.0.{r + 1}", restart_token=f"token-{r}",
+    return [pod_view(r, "Running", attempt, pod_ip=f"10.0.0.{r + 1}", restart_nonce=f"nonce-{r}",
                      node_name=f"worker-{r}", **fields) for r in range(2)]
+
+
+def _token(rank: int) -> str:
+    """What the operator sends node ``rank`` of ``gang()``: the token its key makes of the nonce."""
+    from ddpjob.controller import restart_key
+
+    return restart_key.KEY.token("ns", f"train-node-{rank}", f"nonce-{rank}")
 
 
 def test_a_failed_entry_point_restarts_the_gang_in_place():
@@ -75,14 +82,14 @@ def test_recreate_mode_deletes_the_gang_as_before():
 def test_a_command_of_ones_own_is_always_recreated():
     job = make_job(2, command=("python", "train.py"))
     pods = gang()
-    failed = [pods[0], pod_view(1, "Failed", 0, exit_code=1, restart_token="")]
+    failed = [pods[0], pod_view(1, "Failed", 0, exit_code=1, restart_nonce="")]
     plan = decide(job, running_status(), failed, NOW)
     assert plan.restart_in_place == () and len(plan.delete) == 2
 
 
 def test_a_deleted_pod_is_recreated_while_the_other_restarts_in_place():
     pods = gang()
-    gone = pod_view(1, "Running", 0, pod_ip="10.0.0.2", restart_token="t", deletion_at=at(-1))
+    gone = pod_view(1, "Running", 0, pod_ip="10.0.0.2", restart_nonce="t", deletion_at=at(-1))
     plan = decide(make_job(2), running_status(), [pods[0], gone], NOW)
     assert plan.restart_in_place == (pods[0],)
     assert plan.delete == ()  # already going
@@ -133,29 +140,50 @@ def env_of(pod):
     return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
 
 
-def test_pods_carry_the_token_the_mode_and_a_readiness_probe():
-    pod = builders.build_pod(make_job(2), 1, 0, restart_token="s3cret")
+def test_pods_carry_the_tokens_digest_and_nonce_the_mode_and_a_readiness_probe():
+    """Never the token: a pod's spec is readable by every reader of its namespace (issue 35)."""
+    key = restart_orders.RestartKey(b"k" * 32)
+    nonce, digest = key.credential("ns", "train-node-1")
+    pod = builders.build_pod(make_job(2), 1, 0, restart_credential=(nonce, digest))
     env = env_of(pod)
-    assert env[contract.DDPJOB_RESTART_MODE] == "InPlace" and env[contract.DDPJOB_RESTART_TOKEN] == "s3cret"
+    assert env[contract.DDPJOB_RESTART_MODE] == "InPlace" and contract.DDPJOB_RESTART_TOKEN not in env
+    assert env[contract.DDPJOB_RESTART_NONCE] == nonce and env[contract.DDPJOB_RESTART_TOKEN_SHA256] == digest
+    token = key.token("ns", "train-node-1", nonce)
+    assert contract.restart_token_digest(token) == digest and token not in json.dumps(pod)
     assert env[contract.DDPJOB_PERMANENT_EXIT_CODES] == ",".join(map(str, contract.DEFAULT_PERMANENT_EXIT_CODES))
     probe = pod["spec"]["containers"][0]["readinessProbe"]
     assert probe["httpGet"] == {"path": "/ready", "port": builders.PROGRESS_PORT_NAME}
     view = decision.view_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}})
-    assert view.restart_token == "s3cret" and "s3cret" not in repr(view)
+    assert view.restart_nonce == nonce
 
 
 def test_recreate_pods_have_no_token_and_no_probe():
     pod = builders.build_pod(make_job(2, failurePolicy=FailurePolicy(restartMode="Recreate")), 0, 0,
-                             restart_token="s3cret")
-    assert contract.DDPJOB_RESTART_TOKEN not in env_of(pod)
+                             restart_credential=("nonce", "0" * 64))
+    assert {contract.DDPJOB_RESTART_TOKEN, contract.DDPJOB_RESTART_TOKEN_SHA256,
+            contract.DDPJOB_RESTART_NONCE}.isdisjoint(env_of(pod))
     assert "readinessProbe" not in pod["spec"]["containers"][0]
-    assert decision.view_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}}).restart_token == ""
+    assert decision.view_pod({**pod, "metadata": {**pod["metadata"], "uid": "u"}}).restart_nonce == ""
 
 
-def test_every_created_pod_gets_its_own_token():
-    pods = builders.build_pods(make_job(3), 0, new_token=restart_orders.new_token)
-    tokens = {env_of(p)[contract.DDPJOB_RESTART_TOKEN] for p in pods}
+def test_every_created_pod_gets_its_own_token_which_only_the_key_makes():
+    key = restart_orders.RestartKey(b"k" * 32)
+    pods = builders.build_pods(make_job(3), 0, restart_key=key)
+    envs = [env_of(p) for p in pods]
+    assert len({e[contract.DDPJOB_RESTART_NONCE] for e in envs}) == 3
+    tokens = {key.token("ns", p["metadata"]["name"], e[contract.DDPJOB_RESTART_NONCE]) for p, e in zip(pods, envs)}
     assert len(tokens) == 3 and all(len(t) >= 32 for t in tokens)
+    assert [contract.restart_token_digest(key.token("ns", p["metadata"]["name"], e[contract.DDPJOB_RESTART_NONCE]))
+            for p, e in zip(pods, envs)] == [e[contract.DDPJOB_RESTART_TOKEN_SHA256] for e in envs]
+    # Another key, another pod's name or namespace, or a nonce too long to be ours: another token, or none.
+    nonce = envs[0][contract.DDPJOB_RESTART_NONCE]
+    other = restart_orders.RestartKey(b"x" * 32).token("ns", "train-node-0", nonce)
+    assert len({other, key.token("ns", "train-node-1", nonce), key.token("other", "train-node-0", nonce),
+                key.token("ns", "train-node-0", nonce)}) == 4
+    assert key.token("ns", "train-node-0", "") == "" and key.token("ns", "train-node-0", "n" * 65) == ""
+    with pytest.raises(ValueError):
+        restart_orders.RestartKey(b"short")
+    assert "k" * 8 not in repr(key)
 
 
 # --- what a pod says ---------------------------------------------------------------------------
@@ -219,10 +247,10 @@ def test_the_pass_orders_relabels_and_recreates_a_pod_that_does_not_take_the_ord
     memory.status = running_status()
     pods = gang()
     memory.in_place.seen_ready = {p.uid for p in pods}
-    lost = [pods[0], pod_view(1, "Running", 0, pod_ip="10.0.0.2", restart_token="token-1",
+    lost = [pods[0], pod_view(1, "Running", 0, pod_ip="10.0.0.2", restart_nonce="nonce-1",
                               container_ready=False, node_name="worker-1")]
     run_pass(body(), lost, memory, kube)
-    assert sorted(orders) == [("10.0.0.1", "token-0", 1), ("10.0.0.2", "token-1", 1)]
+    assert sorted(orders) == [("10.0.0.1", _token(0), 1), ("10.0.0.2", _token(1), 1)]
     assert ("relabel", "train-node-0", ((names.LABEL_RESTART_ATTEMPT, "1"),)) in kube.log
     assert ("delete", ("train-node-1",)) in kube.log
     assert kube.status["restartAttempt"] == 1 and kube.status["failureHistory"][0]["restartMode"] == "InPlace"

@@ -122,6 +122,23 @@ def test_operator_rbac_is_least_privilege():
     }
 
 
+def test_the_operator_reads_no_secret_but_its_restart_key_in_its_own_namespace():
+    """The namespaced Roles: the leader Lease, and the restart key (issue 35: a pod's restart
+    token is made from its nonce with this key, never written into the pod)."""
+    from ddpjob.controller import restart_key
+
+    roles = by_kind("rbac.yaml", "Role")
+    assert set(roles) == {"ddpjob-operator-leader-election", "ddpjob-operator-restart-key"}
+    key_role = roles["ddpjob-operator-restart-key"]
+    assert key_role["metadata"]["namespace"] == "ddpjob-system"
+    assert sorted((tuple(r["resources"]), tuple(r["verbs"]), tuple(r.get("resourceNames", ())))
+                  for r in key_role["rules"]) == [(("secrets",), ("create",), ()),
+                                                   (("secrets",), ("get",), (restart_key.SECRET_NAME,))]
+    bindings = by_kind("rbac.yaml", "RoleBinding")
+    assert bindings["ddpjob-operator-restart-key"]["roleRef"]["name"] == "ddpjob-operator-restart-key"
+    assert bindings["ddpjob-operator-restart-key"]["metadata"]["namespace"] == "ddpjob-system"
+
+
 def test_ownership_policy_exempts_only_the_operator_and_the_garbage_collector():
     """Renaming the operator's ServiceAccount would make the policy refuse the operator's own
     pods; nobody else may be exempt."""

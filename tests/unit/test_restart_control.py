@@ -474,3 +474,31 @@ def test_every_state_change_is_the_tables(state, event):
     else:
         control.begin(control.ordered)
     assert control.snapshot().state == contract.ENTRY_TRANSITIONS.get((state, event), state)
+
+
+# --- the token's digest: what the operator's pods carry (issue 35, the restart token) -----------
+def test_a_pod_with_only_the_digest_takes_the_token_and_nothing_else():
+    from ddptrainer.restart_control import read_restart_settings
+
+    digest = contract.restart_token_digest(TOKEN)
+    environ = {contract.DDPJOB_RESTART_MODE: "InPlace", contract.DDPJOB_RESTART_TOKEN_SHA256: digest.upper(),
+               contract.DDPJOB_PROGRESS_PORT: "29400"}
+    settings = read_restart_settings(environ, lambda line: None)
+    assert settings is not None and settings.token_sha256 == digest
+    control = EntryControl(0, token_sha256=settings.token_sha256)
+    for given in (digest, "wrong", TOKEN + "x"):  # the digest itself, what a reader of the pod sees, is no token
+        control.fail(1, "boom")
+        assert _restart(control, {"Authorization": f"Bearer {given}", "Content-Length": "14"},
+                        b'{"attempt": 1}')[0] == 401
+    assert _restart(control, {"Authorization": f"Bearer {TOKEN}", "Content-Length": "14"}, b'{"attempt": 1}')[0] == 202
+
+
+@pytest.mark.parametrize("digest", ["abc", "g" * 64, "0" * 63, "0" * 65])
+def test_a_digest_that_is_not_one_turns_in_place_off_and_says_so(digest):
+    from ddptrainer.restart_control import read_restart_settings
+
+    said: list[str] = []
+    environ = {contract.DDPJOB_RESTART_MODE: "InPlace", contract.DDPJOB_RESTART_TOKEN_SHA256: digest,
+               contract.DDPJOB_RESTART_TOKEN: TOKEN, contract.DDPJOB_PROGRESS_PORT: "29400"}
+    assert read_restart_settings(environ, said.append) is None
+    assert said and contract.DDPJOB_RESTART_TOKEN_SHA256 in said[0]

@@ -34,7 +34,7 @@ THREAD = dump("wait", "run", "_bootstrap_inner", "_bootstrap", thread="Thread 0x
 
 def gang(nnodes=2, token="token-", **fields):
     fields = {"container_ready": True, **fields}
-    return [pod_view(r, "Running", 0, pod_ip=f"10.0.0.{r + 1}", restart_token=f"{token}{r}" if token else "",
+    return [pod_view(r, "Running", 0, pod_ip=f"10.0.0.{r + 1}", restart_nonce=f"{token}{r}" if token else "",
                      node_name=f"worker-{r}", **fields) for r in range(nnodes)]
 
 
@@ -182,7 +182,7 @@ def test_a_real_hostile_pod_never_holds_up_the_restart(monkeypatch):
     real = restart_orders.fetch_stacks
     with fake_pod(200, b"{" * 100 + b" " * 3000, delay=0.2) as (port, _):
         monkeypatch.setattr(contract, "DEFAULT_PROGRESS_PORT", port)
-        pods = [pod_view(r, "Running", 0, pod_ip="127.0.0.1", restart_token=f"token-{r}", container_ready=True,
+        pods = [pod_view(r, "Running", 0, pod_ip="127.0.0.1", restart_nonce=f"token-{r}", container_ready=True,
                          node_name=f"worker-{r}") for r in range(2)]
         started = time.monotonic()
         kube, events, calls = stall_pass(pods, monkeypatch, real)

@@ -462,7 +462,7 @@ def _serve_progress(env: Mapping[str, str],
                 return None
     control = None
     if restart is not None:
-        control = EntryControl(restart.first_attempt, restart.token)
+        control = EntryControl(restart.first_attempt, token_sha256=restart.token_sha256)
         control.stop_workers = stopper(control, restart.grace_seconds, _log)
     host = env.get(contract.DDPJOB_PROGRESS_ADDRESS) or "0.0.0.0"
     if report.serve_progress(directory, port, host=host, control=control) is None:

@@ -13,9 +13,11 @@ the InPlace settings, and how an order stops the workers (a SIGTERM, a grace, th
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -32,6 +34,8 @@ from .text import env_int
 #: server thread longer than that).
 REQUEST_TIMEOUT_SECONDS = 5.0
 
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
 Answer = tuple[int, dict[str, Any]]
 Log = Callable[[str], None]
 
@@ -41,7 +45,7 @@ class RestartSettings:
     """In-place restart (docs/contract.md, "In-place restart"): on only in InPlace mode with a
     progress port and a token."""
 
-    token: str
+    token_sha256: str  # what the digest of an order's token must be
     first_attempt: int = 0
     wait_seconds: int = contract.DEFAULT_RESTART_WAIT_SECONDS
     grace_seconds: int = contract.DEFAULT_RESTART_GRACE_SECONDS
@@ -54,10 +58,16 @@ def read_restart_settings(environ: Mapping[str, str], log: Log) -> Optional[Rest
     if environ.get(contract.DDPJOB_RESTART_MODE) != contract.RESTART_MODE_IN_PLACE:
         return None
     token = environ.get(contract.DDPJOB_RESTART_TOKEN) or ""
+    # The operator's pods carry only the token's digest (their environment is readable by the
+    # namespace's readers); `ddpjob run`'s local nodes the token itself.
+    digest = (environ.get(contract.DDPJOB_RESTART_TOKEN_SHA256) or "").strip().lower()
+    if digest and not _HEX_DIGEST.fullmatch(digest):
+        log(f"{contract.DDPJOB_RESTART_TOKEN_SHA256} is not 64 hex digits: a failure ends the pod")
+        return None
     port = env_int(environ, contract.DDPJOB_PROGRESS_PORT, 0, invalid=0) or 0
-    if not token or port <= 0:
-        log(f"{contract.DDPJOB_RESTART_MODE}=InPlace needs {contract.DDPJOB_RESTART_TOKEN} and "
-            f"{contract.DDPJOB_PROGRESS_PORT} > 0: a failure ends the pod")
+    if not (token or digest) or port <= 0:
+        log(f"{contract.DDPJOB_RESTART_MODE}=InPlace needs {contract.DDPJOB_RESTART_TOKEN_SHA256} (or "
+            f"{contract.DDPJOB_RESTART_TOKEN}) and {contract.DDPJOB_PROGRESS_PORT} > 0: a failure ends the pod")
         return None
 
     def get(name: str, default: int) -> int:
@@ -65,7 +75,7 @@ def read_restart_settings(environ: Mapping[str, str], log: Log) -> Optional[Rest
         return default if value is None else value
 
     return RestartSettings(
-        token=token, first_attempt=get(contract.DDPJOB_RESTART_ATTEMPT, 0),
+        token_sha256=digest or contract.restart_token_digest(token), first_attempt=get(contract.DDPJOB_RESTART_ATTEMPT, 0),
         wait_seconds=get(contract.DDPJOB_RESTART_WAIT_SECONDS, contract.DEFAULT_RESTART_WAIT_SECONDS),
         grace_seconds=get(contract.DDPJOB_RESTART_GRACE_SECONDS,
                           contract.DEFAULT_RESTART_GRACE_SECONDS),
@@ -83,10 +93,11 @@ class EntryControl:
     signal), after counting it in ``claim_self_signal``, so that the SIGTERM handler can tell
     the signal the entry point sent itself from the kubelet's."""
 
-    def __init__(self, attempt: int, token: str, *,
+    def __init__(self, attempt: int, token: str = "", *, token_sha256: str = "",
                  stop_workers: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic):
-        self._token = token.encode("utf-8")
+        # Only the digest is kept: an order is taken when its token hashes to it.
+        self._digest = (token_sha256 or (contract.restart_token_digest(token) if token else "")).encode("ascii")
         #: Set by the owner once it can stop its workers (it needs this object to do so).
         self.stop_workers = stop_workers
         self._clock = clock
@@ -115,14 +126,14 @@ class EntryControl:
 
     def authorized(self, authorization: Optional[str]) -> bool:
         """Whether an ``Authorization`` header carries this pod's token (constant time)."""
-        if not self._token or not authorization:
+        if not self._digest or not authorization:
             return False
         scheme, _, credential = authorization.strip().partition(" ")
         if scheme.lower() != "bearer":
             return False
-        # http.server decodes headers as latin-1; compare bytes, never a str with non-ASCII.
-        given = credential.strip().encode("latin-1", errors="replace")
-        return hmac.compare_digest(given, self._token)
+        # http.server decodes headers as latin-1; hash bytes, never a str with non-ASCII.
+        given = hashlib.sha256(credential.strip().encode("latin-1", errors="replace")).hexdigest()
+        return hmac.compare_digest(given.encode("ascii"), self._digest)
 
     @property
     def active(self) -> bool:

@@ -16,7 +16,7 @@ from ddpjob import contract
 from ddpjob import restart_orders
 from ddpjob.api import goodput, model, names, spec
 from ddpjob.api.status import JobStatus, shorten
-from ddpjob.controller import builders, kueue, metrics, stall_stacks
+from ddpjob.controller import builders, kueue, metrics, restart_key, stall_stacks
 from ddpjob.controller.kube import ApiError, KubeApi
 from ddpjob.controller.memory import JobMemory
 from ddpjob.controller.observation import PodView, ServiceView, view_service
@@ -147,7 +147,7 @@ def _create_pods(job: spec.DDPJob, plan: Plan, memory: JobMemory, kube: KubeApi,
     returns the first refusal no retry can fix (its message) and the errors a retry may."""
     creations = memory.creations = memory.creations.of(plan.attempt)
     outcomes = kube.create_pods(builders.build_pods(job, plan.attempt, list(plan.create_ranks),
-                                                    new_token=restart_orders.new_token,
+                                                    restart_key=restart_key.KEY,
                                                     kubelet_rules=settings.kubelet_restart_rules))
     for rank, outcome in zip(sorted(plan.create_ranks), outcomes):
         if outcome.created:
@@ -201,7 +201,7 @@ def _read_stacks(meta: Mapping[str, Any], request: StacksRequest) -> Event:
     if pods:
         with ThreadPoolExecutor(max_workers=len(pods)) as pool:
             fetched = list(pool.map(lambda p: restart_orders.fetch_stacks(
-                p.pod_ip, contract.DEFAULT_PROGRESS_PORT, p.restart_token,
+                p.pod_ip, contract.DEFAULT_PROGRESS_PORT, _token(meta["namespace"], p),
                 restart_orders.STACKS_DEADLINE_SECONDS), pods))
         answers = [stall_stacks.PodStacks(p.name, stacks, error) for p, (stacks, error) in zip(pods, fetched)]
     message = stall_stacks.summarize(answers, request.suspect_rank)
@@ -245,6 +245,11 @@ def _relabel_all(namespace: str, writes: Sequence[tuple[PodView, Mapping[str, st
         return list(pool.map(lambda w: _relabel(namespace, w[0], kube, w[1], w[2]), writes))
 
 
+def _token(namespace: str, pod: PodView) -> str:
+    """The pod's restart token, made again from its nonce by the operator's key."""
+    return restart_key.KEY.token(namespace, pod.name, pod.restart_nonce)
+
+
 def _order_in_place(namespace: str, plan: Plan, memory: JobMemory, kube: KubeApi) -> list[ApiError]:
     """Order each pod of ``plan.restart_in_place`` into ``plan.attempt`` and relabel those that
     took it (the label then names the attempt the pod runs); a pod that did not answer, or
@@ -252,7 +257,7 @@ def _order_in_place(namespace: str, plan: Plan, memory: JobMemory, kube: KubeApi
     pods = plan.restart_in_place
     with ThreadPoolExecutor(max_workers=min(len(pods), restart_orders.ORDERS_AT_ONCE)) as pool:
         taken = list(pool.map(lambda p: restart_orders.order_restart(
-            p.pod_ip, contract.DEFAULT_PROGRESS_PORT, p.restart_token, plan.attempt,
+            p.pod_ip, contract.DEFAULT_PROGRESS_PORT, _token(namespace, p), plan.attempt,
             restart_orders.ORDER_DEADLINE_SECONDS), pods))
     errors: list[ApiError] = []
     refused = [p for p, ok in zip(pods, taken) if not ok]

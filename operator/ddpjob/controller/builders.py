@@ -6,11 +6,12 @@ Pure functions of a parsed ``spec.DDPJob``. The operator creates exactly what th
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from ddpjob import contract
 from ddpjob.api import names
 from ddpjob.api import spec
+from ddpjob.restart_orders import RestartKey
 
 CONTAINER_NAME = names.CONTAINER_NAME
 SHM_VOLUME = names.SHM_VOLUME_NAME  # the schema refuses a template volume of this name
@@ -24,6 +25,8 @@ PROGRESS_PORT_NAME = "progress"
 # that only sets runAsUser/fsGroup into one the "restricted" profile refuses.
 DEFAULT_POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+Credential = tuple[str, str]  # a pod's (nonce, digest of its restart token): restart_orders.RestartKey
 
 
 def owner_reference(job: spec.DDPJob) -> dict[str, Any]:
@@ -93,11 +96,12 @@ def pod_labels(job: spec.DDPJob, node_rank: int, attempt: int) -> dict[str, str]
 
 
 def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int,
-                    restart_token: Optional[str] = None) -> list[dict[str, Any]]:
+                    restart_credential: Optional[Credential] = None) -> list[dict[str, Any]]:
     """The contract's variables first, then the user's (which may not redefine them: the schema
     refuses reserved names, so order only matters for ``$(VAR)`` references to ours)."""
     s = job.spec
     service = names.service_name(job.name)
+    in_place = restart_credential if spec.effective_restart_mode(s) == contract.RESTART_MODE_IN_PLACE else None
     env = contract.node_environment(
         job_name=job.name,
         namespace=job.namespace,
@@ -120,7 +124,9 @@ def pod_environment(job: spec.DDPJob, node_rank: int, attempt: int,
         # In place: the entry point waits this long for the operator's restart order after
         # its workers failed, then exits with their code (and the pod is recreated).
         restart_mode=spec.effective_restart_mode(s),
-        restart_token=restart_token if spec.effective_restart_mode(s) == contract.RESTART_MODE_IN_PLACE else None,
+        # Never the token itself: its digest and the nonce the operator's key makes it from.
+        restart_token_sha256=in_place[1] if in_place else None,
+        restart_nonce=in_place[0] if in_place else None,
         restart_wait_seconds=contract.DEFAULT_RESTART_WAIT_SECONDS,
         permanent_exit_codes=s.failurePolicy.permanentExitCodes,
     )
@@ -156,13 +162,13 @@ def kubelet_restart_rules(s: spec.DDPJobSpec) -> dict[str, Any]:
 
 
 def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
-              restart_token: Optional[str] = None, kubelet_rules: bool = True) -> dict[str, Any]:
-    """One node's pod. ``restart_token``: the credential of in-place restart orders (random per
+              restart_credential: Optional[Credential] = None, kubelet_rules: bool = True) -> dict[str, Any]:
+    """One node's pod. ``restart_credential``: (nonce, token digest) of in-place restart orders (per
     pod, ddpjob/restart_orders.py); without one (``ddpjob render``) the pod is restarted
     by recreating it."""
     name = names.node_pod_name(job.name, node_rank)
     annotations = dict(job.spec.template.metadata.annotations)
-    container = _trainer_container(job, node_rank, attempt, restart_token, kubelet_rules, annotations)
+    container = _trainer_container(job, node_rank, attempt, restart_credential, kubelet_rules, annotations)
     # activeDeadlineSeconds is deliberately not set on pods: the operator enforces it for the
     # whole job (a per-pod deadline would count from each restart and fail pods one by one).
     return {
@@ -173,7 +179,7 @@ def build_pod(job: spec.DDPJob, node_rank: int, attempt: int,
     }
 
 
-def _trainer_container(job: spec.DDPJob, node_rank: int, attempt: int, restart_token: Optional[str],
+def _trainer_container(job: spec.DDPJob, node_rank: int, attempt: int, restart_credential: Optional[Credential],
                        kubelet_rules: bool, annotations: dict[str, str]) -> dict[str, Any]:
     """The pod's one container; ``annotations`` (the pod's) gains what the kubelet reads."""
     s = job.spec
@@ -184,7 +190,7 @@ def _trainer_container(job: spec.DDPJob, node_rank: int, attempt: int, restart_t
         "imagePullPolicy": s.imagePullPolicy,
         "command": list(s.command) if s.command else list(contract.DEFAULT_POD_COMMAND),
         "args": list(s.args),
-        "env": pod_environment(job, node_rank, attempt, restart_token),
+        "env": pod_environment(job, node_rank, attempt, restart_credential),
         "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": s.masterPort, "protocol": "TCP"},
                   # The pod entry point serves the ranks' progress here; the operator polls it.
                   {"name": PROGRESS_PORT_NAME, "containerPort": contract.DEFAULT_PROGRESS_PORT,
@@ -197,7 +203,7 @@ def _trainer_container(job: spec.DDPJob, node_rank: int, attempt: int, restart_t
         # still leaves the log tail, which the operator copies into status.failedNode.message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if restart_token and spec.effective_restart_mode(s) == contract.RESTART_MODE_IN_PLACE:
+    if restart_credential and spec.effective_restart_mode(s) == contract.RESTART_MODE_IN_PLACE:
         container["readinessProbe"] = readiness_probe()
     if kubelet_rules and spec.kubelet_restarts_in_place(s):
         container.update(kubelet_restart_rules(s))
@@ -248,8 +254,10 @@ def _pod_spec(job: spec.DDPJob, name: str, container: dict[str, Any]) -> dict[st
 
 
 def build_pods(job: spec.DDPJob, attempt: int, ranks: Optional[list[int]] = None,
-               new_token: Optional[Callable[[], str]] = None, kubelet_rules: bool = True) -> list[dict[str, Any]]:
-    """The pods of one attempt (every node, or only ``ranks``), in rank order; ``new_token``
+               restart_key: Optional[RestartKey] = None, kubelet_rules: bool = True) -> list[dict[str, Any]]:
+    """The pods of one attempt (every node, or only ``ranks``), in rank order; ``restart_key``
     gives each its restart credential."""
     ranks = list(range(job.spec.nnodes)) if ranks is None else sorted(ranks)
-    return [build_pod(job, r, attempt, new_token() if new_token else None, kubelet_rules) for r in ranks]
+    return [build_pod(job, r, attempt,
+                      restart_key.credential(job.namespace, names.node_pod_name(job.name, r)) if restart_key else None,
+                      kubelet_rules) for r in ranks]

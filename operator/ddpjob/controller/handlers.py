@@ -36,18 +36,20 @@ that no DDPJob handler sees; ``Kube.patch_status`` is the one status writer.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Any, Mapping, Optional
 
 import kopf
 
 from ddpjob.api import names
-from ddpjob.controller import collector, fastjson, kueue
+from ddpjob.controller import collector, fastjson, kueue, restart_key
 from ddpjob.controller.observation import ServiceView, view_service
 from ddpjob.controller.plan import Event
 from ddpjob.controller import metrics
 from ddpjob.controller.kube import Kube
-from ddpjob.controller.leader import operator_elector
+from ddpjob.controller.leader import lease_namespace, operator_elector
 from ddpjob.controller.podwatch import PodIndex, PodWatch
 from ddpjob.controller.settings import load_settings
 from ddpjob.controller.workqueue import JobKey, Runtime
@@ -135,12 +137,41 @@ NAMESPACES: Optional[list[str]] = None
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     configure_kopf(settings)
     operator_settings = load_settings()
+    await asyncio.to_thread(load_restart_key, operator_settings)  # before any pass makes a pod
     RUNTIME.start(operator_settings, Kube.connect, _kopf_event,
                   elect=operator_elector if operator_settings.leader_election else None)
     await RUNTIME.start_election()
     start_pod_watch(operator_settings)
     metrics.serve(operator_settings.metrics_port)
     collector.settle()  # everything the process holds from now on: collector.py says why
+
+
+def load_restart_key(operator_settings: Any, attempts: int = 3) -> None:
+    """The restart key from its Secret (restart_key.py), tried a few times. Without it the
+    operator still runs, with a key of this process only: pods it did not make are then
+    recreated rather than restarted in place, and it says so."""
+    namespace = lease_namespace(operator_settings)
+    kube = Kube.connect(operator_settings)
+    try:
+        for attempt in range(1, attempts + 1):
+            try:
+                restart_key.load(kube, namespace)
+                logger.info("restart key: Secret %s/%s", namespace, restart_key.SECRET_NAME)
+                return
+            except restart_key.RestartKeyError as exc:
+                logger.error("restart key: %s", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - an API error, a refusal: said, then tried again
+                if attempt == attempts:
+                    logger.error("restart key: Secret %s/%s could not be read or created (%s); this "
+                                 "process uses a key of its own: pods made before it started are "
+                                 "recreated, not restarted in place. The operator's Role "
+                                 "(manifests/rbac.yaml, ddpjob-operator-restart-key) allows it.",
+                                 namespace, restart_key.SECRET_NAME, exc)
+                    return
+                time.sleep(1.0)
+    finally:
+        kube.close()
 
 
 def start_pod_watch(operator_settings: Any) -> PodWatch:

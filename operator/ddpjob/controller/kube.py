@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "ddpjob-operator"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+SECRETS = "/api/v1/namespaces/{namespace}/secrets"
 NOT_LEADER = "NotLeader"
 
 
@@ -436,6 +437,24 @@ class Kube:
                     return
         finally:
             raw.close()
+
+    # --- the restart key's Secret, in the operator's own namespace (controller.restart_key) -----
+    def get_secret(self, namespace: str, name: str, *, timeout: float) -> Optional[dict]:
+        """The Secret, or None if there is none yet (the operator's Role: this one name)."""
+        try:
+            return self.request("GET", f"{SECRETS.format(namespace=namespace)}/{name}", what=f"get Secret {name}",
+                                timeout=timeout, fenced=False)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def create_secret(self, secret: dict, *, timeout: float) -> dict:
+        """Create the Secret; "already exists" is an error here (another replica was first).
+        Not fenced: a standby makes the key it will need as leader, and nothing else."""
+        meta = secret["metadata"]
+        return self.request("POST", SECRETS.format(namespace=meta["namespace"]), secret,
+                            what=f"create Secret {meta['name']}", timeout=timeout, fenced=False)
 
     # --- the leader election's Lease (controller.leader; docs/operator.md, High availability) --
     def get_lease(self, namespace: str, name: str, *, timeout: float) -> Optional[dict]:

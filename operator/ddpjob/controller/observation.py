@@ -15,6 +15,7 @@ from ddpjob.api import names, progress as progress_reports
 from ddpjob.api.status import FAILED_NODE_MESSAGE_LIMIT, REASON_LIMIT, listed, parse_time, shorten, truncate
 from ddpjob.controller.builders import owner_uid
 from ddpjob.controller.kueue import Hold
+from ddpjob import restart_orders
 from ddpjob.restart_orders import EntryState
 
 
@@ -65,9 +66,11 @@ class PodView:
     pod_ip: str = ""  # status.podIP: where the pod serves its progress reports
     nproc_per_node: int = 0  # the trainer container's NPROC_PER_NODE: the ranks it hosts (0: unknown)
     container_ready: bool = False  # the trainer container's readiness (the entry point's /ready)
-    # The credential of in-place restart orders, from the pod's spec ("" : the pod cannot be
-    # restarted in place: Recreate, a command of its own, a pod made before in-place existed).
-    restart_token: str = field(default="", repr=False)
+    # The public nonce of the pod's restart token, from its spec (the operator's key makes the
+    # token of it: restart_orders.RestartKey); "": the pod cannot be restarted in place
+    # (Recreate, a command of your own, a pod made before in-place restarts or before tokens
+    # were kept out of pod specs).
+    restart_nonce: str = ""
     # The kubelet's restarts in place (a command of your own under InPlace): whether the pod as
     # stored has our restart rule (an API server without the feature drops it), the container's
     # restartCount, the count this operator accounted for (LABEL_CONTAINER_RESTARTS), and the
@@ -143,7 +146,7 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         pod_ip=str(status.get("podIP") or ""),
         nproc_per_node=_nproc_per_node(pod.get("spec") or {}),
         container_ready=trainer.get("ready") is True,
-        restart_token=_restart_token(pod.get("spec") or {}),
+        restart_nonce=_restart_nonce(pod.get("spec") or {}),
         kubelet_restarts=_has_restart_rule(pod.get("spec") or {}),
         restarts=_count(trainer.get("restartCount")),
         restarts_seen=_count(labels.get(names.LABEL_CONTAINER_RESTARTS)),
@@ -251,11 +254,13 @@ def _trainer_env(pod_spec: Mapping[str, Any], name: str) -> str:
     return ""
 
 
-def _restart_token(pod_spec: Mapping[str, Any]) -> str:
-    """The pod's restart credential, when the operator made it to be restarted in place."""
+def _restart_nonce(pod_spec: Mapping[str, Any]) -> str:
+    """The nonce of the pod's restart token, when the operator made it to be restarted in place
+    (a nonce too long to be ours is none)."""
     if _trainer_env(pod_spec, contract.DDPJOB_RESTART_MODE) != contract.RESTART_MODE_IN_PLACE:
         return ""
-    return _trainer_env(pod_spec, contract.DDPJOB_RESTART_TOKEN)[:256]
+    nonce = _trainer_env(pod_spec, contract.DDPJOB_RESTART_NONCE)
+    return nonce if len(nonce) <= restart_orders.NONCE_LIMIT else ""
 
 
 def _nproc_per_node(pod_spec: Mapping[str, Any]) -> int:

@@ -87,7 +87,7 @@ def _entry_states(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], 
     in_place.recheck_after = None
     lost: list[PodView] = []
     for p in pods:
-        if not (is_ours(job, p) and p.attempt == status.restartAttempt and p.restart_token and p.pod_ip):
+        if not (is_ours(job, p) and p.attempt == status.restartAttempt and p.restart_nonce and p.pod_ip):
             continue
         if p.container_ready:
             in_place.seen_ready.add(p.uid)

@@ -74,7 +74,7 @@ def restartable_in_place(job: spec.DDPJob, status: JobStatus, pods: Sequence[Pod
     keep: dict[int, PodView] = {}
     for p in owned_pods(job, pods):
         if (p.attempt == status.restartAttempt and p.phase == POD_RUNNING and p.running and not p.deleting
-                and p.restart_token and p.pod_ip and p.node_name not in avoided
+                and p.restart_nonce and p.pod_ip and p.node_name not in avoided
                 and p.node_rank < status.nnodes and p.node_rank not in keep):
             keep[p.node_rank] = p
     return tuple(keep[r] for r in sorted(keep))

@@ -39,6 +39,6 @@ def _stack_pods(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], su
     suspect node's first, then the lowest node ranks: at most stall_stacks.MAX_PODS."""
     able = {p.node_rank: p for p in sorted(owned_pods(job, pods), key=lambda p: p.node_rank, reverse=True)
             if p.attempt == status.restartAttempt and p.running and not p.deleting and p.pod_ip
-            and p.restart_token}
+            and p.restart_nonce}
     order = sorted(able, key=lambda rank: (rank != suspect_node, rank))
     return tuple(able[rank] for rank in order[:stall_stacks.MAX_PODS])
