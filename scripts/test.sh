@@ -6,27 +6,27 @@
 #      is no GPU. Extra arguments go to this pytest run.
 #   2. kind: the same end-to-end suite against a kind cluster running the real trainer and
 #      operator images (scripts/e2e-kind.sh), wherever a Docker engine can run.
-# Cold, the kind path needs ~25 min of builds (Debian bases, torch wheels, kind, the node image,
-# the images). They start first, in the background at the lowest CPU and I/O priority, so they
-# use the time tier 1 leaves idle; tier 2 starts when both are done (docs/testing.md has the
-# measured cold and warm figures).
+# The kind tier runs beside tier 1 (scripts/kind/tier.sh, in the background): its builds
+# (cold ~18 min: Debian bases, torch wheels, kind, the node image, the images) at the lowest CPU
+# and I/O priority, then its suite as soon as they and this command's setup are done. Both
+# suites mostly wait on pods and API servers, so they overlap; the kind tier's output is printed
+# after tier 1's (docs/testing.md has the measured cold and warm figures).
 #
 # Env:
 #   DDPJOB_TEST_KIND         auto (the default when no pytest arguments are given): the kind tier
 #                            runs where Docker can run and is skipped, with the reason printed,
 #                            where it cannot; 1: required (no Docker is a failure); 0: off (the
 #                            default when pytest arguments select tests).
-#   DDPJOB_KIND_START_BY_S   the kind tier starts only if its builds are done this many seconds
-#                            after this command started (default 2700): a cold machine then
-#                            stays near CI's 60-minute target, prints "kind tier NOT RUN" and
-#                            finds the builds cached (as far as they got) on its next run.
+#   DDPJOB_KIND_START_BY_S   the kind suite starts only if its builds are done this many seconds
+#                            after this command started (default 2700): a cold machine whose
+#                            builds are slow prints "kind tier NOT RUN" and finds them cached (as
+#                            far as they got) on its next run.
 #   DDPJOB_TEST_LIMIT_S      the kind tier is stopped (a failure) at this many seconds (default
 #                            5100 = 85 min, under CI's 90-minute limit).
-#   DDPJOB_KIND_TIER_NEEDS_S the kind tier starts only if at least this many seconds are left
-#                            before DDPJOB_TEST_LIMIT_S (default 1700; the whole tier took 1,431 s
-#                            warm): a cold machine whose tier 1 ran late prints "kind tier NOT
-#                            RUN" instead of being cut off half-way (a failure that says nothing
-#                            about the code).
+#   DDPJOB_KIND_TIER_NEEDS_S the kind suite starts only if at least this many seconds are left
+#                            before DDPJOB_TEST_LIMIT_S (default 1700): a late start prints "kind
+#                            tier NOT RUN" instead of being cut off half-way (a failure that
+#                            says nothing about the code).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/kind/lib.sh
@@ -49,36 +49,36 @@ report() {
   log "  $(printf '%-34s %5d s' total $((SECONDS - start)))"
 }
 
-# --- the kind tier's builds, in the background --------------------------------------------------
+# --- the kind tier, in the background ----------------------------------------------------------
 kind_skip_reason=""
-prepare_pid=""
+kind_pid=""
 peer_builds_dir="$(mktemp -d)"  # tier 1's background Go builds: their pids, logs and outputs
-prepare_log="$DDPJOB_CACHE/test-kind-prepare.log"
+kind_dir="$(mktemp -d)"         # the kind tier's output, its timings, and the go of this setup
 case "$kind_mode" in
   0) kind_skip_reason="DDPJOB_TEST_KIND=0" ;;
   1|auto) kind_skip_reason="$(docker_unavailable_reason)" ;;
   *) die "DDPJOB_TEST_KIND must be auto, 1 or 0, not '$kind_mode'" ;;
 esac
 if [[ -z "$kind_skip_reason" ]]; then
-  mkdir -p "$DDPJOB_CACHE"
-  log "kind tier: building its images in the background (log: $prepare_log)"
-  prepare_t0=$SECONDS
-  low_priority=(nice -n 19); command -v ionice >/dev/null && low_priority+=(ionice -c 3)
-  setsid "${low_priority[@]}" bash scripts/kind/prepare.sh >"$prepare_log" 2>&1 &
-  prepare_pid=$!
+  log "kind tier: its builds start now and its suite beside tier 1 (output after tier 1's)"
+  DDPJOB_TEST_STARTED_AT="$(($(date +%s) - (SECONDS - start)))" DDPJOB_KIND_START_BY_S="$start_by" \
+    DDPJOB_TEST_LIMIT_S="$limit" DDPJOB_KIND_TIER_NEEDS_S="$kind_needs" \
+    DDPJOB_KIND_TIMINGS="$kind_dir/timings" DDPJOB_KIND_SETUP_DONE="$kind_dir/setup-done" \
+    setsid bash scripts/kind/tier.sh >"$kind_dir/output" 2>&1 &
+  kind_pid=$!
 fi
-stop_prepare() {
-  if [[ -n "$prepare_pid" ]] && kill -0 "$prepare_pid" 2>/dev/null; then
-    kill -TERM -- "-$prepare_pid" 2>/dev/null || true
-    wait "$prepare_pid" 2>/dev/null || true
+stop_kind_tier() {
+  if [[ -n "$kind_pid" ]] && kill -0 "$kind_pid" 2>/dev/null; then
+    kill -TERM "$kind_pid" 2>/dev/null || true
+    wait "$kind_pid" 2>/dev/null || true
   fi
 }
 on_exit() {
   local rc=$?
-  stop_prepare
-  rm -rf "$peer_builds_dir"
-  # prepare.sh may have started the project's dockerd; leave the machine as it was.
-  [[ -n "$prepare_pid" ]] && bash scripts/kind/dockerd.sh stop >/dev/null 2>&1 || true
+  stop_kind_tier
+  rm -rf "$peer_builds_dir" "$kind_dir"
+  # The kind tier may have started the project's dockerd; leave the machine as it was.
+  [[ -n "$kind_pid" ]] && bash scripts/kind/dockerd.sh stop >/dev/null 2>&1 || true
   exit $rc
 }
 trap on_exit EXIT
@@ -113,11 +113,12 @@ timed "training-operator build (background)" peer_build training-operator DDPJOB
 # The checkout under test, also in every process the tests start (operator, node agent, CLI),
 # whatever else an editable install on this machine points at.
 export PYTHONPATH="$PWD/operator:$PWD/trainer:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+touch "$kind_dir/setup-done"  # the kind suite may start: the project and its test tools are in
 rc=0
 # pytest exits 5 when no test was collected: that is a failure of this command, not a pass.
 timed "pytest (unit, multiprocess, cluster)" python3 -m pytest -ra "$@" || rc=$?
 
-# --- tier 2: kind -------------------------------------------------------------------------------
+# --- tier 2: kind (running since the start) -----------------------------------------------------
 kind_rc=0
 if [[ -n "$kind_skip_reason" ]]; then
   if [[ "$kind_mode" == 1 ]]; then
@@ -127,34 +128,13 @@ if [[ -n "$kind_skip_reason" ]]; then
     log "kind tier SKIPPED: $kind_skip_reason"
   fi
 else
-  log "waiting for the kind tier's builds (until ${start_by} s)"
-  while kill -0 "$prepare_pid" 2>/dev/null && ((SECONDS - start < start_by)); do sleep 5; done
-  if kill -0 "$prepare_pid" 2>/dev/null; then
-    stop_prepare
-    timings+=("$(printf '%-34s %5d s  (stopped, unfinished)' "kind builds (prepare.sh)" $((SECONDS - prepare_t0)))")
-    log "kind tier NOT RUN: its builds were not done ${start_by} s after the start (a cold"
-    log "machine; each finished step is cached for the next run). Where they were:"
-    grep '\[kind/prepare\] \[' "$prepare_log" | sed 's/^/  /' >&2 || true
-  else
-    prepare_rc=0
-    wait "$prepare_pid" || prepare_rc=$?
-    timings+=("$(printf '%-34s %5d s  (rc %d, background)' "kind builds (prepare.sh)" $((SECONDS - prepare_t0)) "$prepare_rc")")
-    grep '\[kind/prepare\] \[' "$prepare_log" | sed 's/^/  /' >&2 || true
-    left=$((limit - (SECONDS - start)))
-    if [[ $prepare_rc -eq 0 ]] && ((left < kind_needs)); then
-      log "kind tier NOT RUN: ${left} s left before the ${limit} s limit, and the tier needs"
-      log "${kind_needs} s (DDPJOB_KIND_TIER_NEEDS_S); its builds are cached for the next run"
-    elif [[ $prepare_rc -ne 0 ]]; then
-      log "ERROR: the kind tier's builds failed (rc $prepare_rc); the end of $prepare_log:"
-      tail -n 40 "$prepare_log" >&2
-      kind_rc=1
-    else
-      export DDPJOB_KIND_REQUIRED=1
-      timed "kind tier (e2e-kind.sh)" \
-        timeout --signal=TERM --kill-after=60 $((limit - (SECONDS - start))) bash scripts/e2e-kind.sh \
-        || kind_rc=$?
-    fi
-  fi
+  log "waiting for the kind tier (scripts/kind/tier.sh; its output follows)"
+  t0=$SECONDS
+  wait "$kind_pid" || kind_rc=$?
+  kind_pid=""
+  timings+=("$(printf '%-34s %5d s  (rc %d)' "kind tier: waited after tier 1" $((SECONDS - t0)) "$kind_rc")")
+  cat "$kind_dir/output" >&2
+  [[ -f "$kind_dir/timings" ]] && mapfile -t -O "${#timings[@]}" timings <"$kind_dir/timings"
 fi
 report
 ((rc == 0)) && rc=$kind_rc
