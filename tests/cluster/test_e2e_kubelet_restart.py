@@ -142,6 +142,9 @@ def test_a_command_that_always_fails_spends_the_budget_in_place(e2e):
         status = e2e.wait_until_finished(name, TIMEOUT)
         seen = recorder.describe()
     assert (status["phase"], status["reason"], status["restarts"]) == ("Failed", "RestartBudgetExhausted", 1), status
-    assert status["failureHistory"][-1]["restartMode"] == "InPlace", status["failureHistory"]
+    # The restart was the kubelet's, in the pod: a pass saw it (an InPlace entry in the history),
+    # or, on a loaded machine, the pass that saw the second failure counted it with that one.
+    in_place = [r for r in status["failureHistory"] if r.get("restartMode") == "InPlace"]
+    assert in_place or "the kubelet restarted" in status["message"], status
     assert status["failedNode"]["exitCode"] == 1 and "failing on purpose" in status["failedNode"]["message"], status
     assert len(recorder.pods) == 2, seen  # no pod was recreated
