@@ -1,5 +1,5 @@
 # One-line entry points; each calls a script under scripts/ that does the work.
-.PHONY: setup example test test-unit generate build-control-plane build-kueue images kind-up kind-down e2e-kind bench
+.PHONY: setup example test test-unit generate build-control-plane build-kueue images push kind-up kind-down e2e-kind bench
 
 setup:            ## install the project with pinned dependencies
 	bash scripts/setup.sh
@@ -24,6 +24,9 @@ build-kueue:      ## build Kueue v0.17.0's controller manager once (cached) for 
 
 images:           ## the trainer and operator images (offline: Debian base + wheels from PyPI)
 	bash scripts/images.sh
+
+push:             ## tag and push the images to your registry: make push REGISTRY=registry.example.com/team
+	bash scripts/push-images.sh
 
 kind-up:          ## a kind cluster (1 control-plane + 2 workers) running the operator
 	bash scripts/kind/up.sh

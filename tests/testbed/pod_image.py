@@ -26,6 +26,15 @@ from typing import Iterable
 from urllib.parse import unquote, urlparse
 
 
+def unpullable(image: str) -> bool:
+    """An image the test node cannot pull, as a kubelet could not: its registry is under the
+    reserved ``.invalid`` domain (RFC 2606), which no resolver answers, kind's neither. Every
+    other image stands for the trainer image's files (above)."""
+    registry = image.split("/", 1)[0] if "/" in image else ""
+    host = registry.rsplit(":", 1)[0].lower()
+    return host == "invalid" or host.endswith(".invalid")
+
+
 def image_paths_under_tmp(candidates: Iterable[str]) -> list[str]:
     """The absolute paths strictly under /tmp among ``candidates``, normalized and without
     duplicates, parents before children (a folder bound later on a child path stays visible).

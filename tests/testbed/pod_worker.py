@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import pod_status
+from . import pod_image, pod_status
 from .pod_init import mount_pod_shm, unmount
 from .pod_probes import ContainerProbes, Target
 from .pod_restart import RESTART_ALL, CrashLoopBackOff, restart_action
@@ -302,6 +302,9 @@ class PodWorker(threading.Thread):
     def _wait_for_container_spec(self, pod_ip: str) -> dict | None:
         """Resolve env, argv and volumes; while a referenced object is missing, report
         ContainerCreating and retry, as a kubelet does."""
+        if pod_image.unpullable(self.container.get("image") or ""):
+            self._never_pulled()
+            return None
         reported = False
         while not self._terminating.is_set():
             try:
@@ -317,6 +320,21 @@ class PodWorker(threading.Thread):
                 self._fail_to_start(str(error))
                 return None
         return None
+
+    def _never_pulled(self) -> None:
+        """An image no registry serves: ErrImagePull, then ImagePullBackOff until the pod is
+        deleted, in the kubelet's words (images.go), the pod Pending."""
+        image = self.container.get("image") or ""
+        registry = image.split("/", 1)[0]
+        self._patch(pod_status.waiting_patch(
+            self.container, self.host_ip, "ErrImagePull",
+            f'failed to pull and unpack image "{image}": failed to resolve reference "{image}": '
+            f'failed to do request: Head "https://{registry}/v2/": dial tcp: lookup {registry}: no such host'))
+        if self._terminating.wait(2):
+            return
+        self._patch(pod_status.waiting_patch(
+            self.container, self.host_ip, "ImagePullBackOff", f'Back-off pulling image "{image}"'))
+        self._terminating.wait()
 
     def _container_spec(self, pod_ip: str) -> dict:
         env = container_environment(

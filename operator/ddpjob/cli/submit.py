@@ -25,6 +25,7 @@ from ddpjob.api.validation import validate_ddpjob
 from ddpjob.client.code_package import PackageError, read_package
 from ddpjob.client.submission import (DEFAULT_IMAGE, DEFAULT_MOUNT_PATH, LABEL_SUBMITTED_CODE, LAUNCH_MODES,
                                       SubmitOptions, build_manifests, job_name_from)
+from ddpjob.client.user_defaults import CONFIG_ENV, IMAGE_ENV, default_image
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the cluster refused or could not be reached
@@ -52,9 +53,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                         help="training processes per pod; with --device gpu, GPUs per pod (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="cpu (gloo) or gpu (NCCL) (default: cpu)")
-    parser.add_argument("--image", default=DEFAULT_IMAGE,
+    parser.add_argument("--image", default=None,
                         help="image of the pods: it needs Python, torch and what your code imports "
-                        "(default: the trainer image, %(default)s)")
+                        f"(default: ${IMAGE_ENV}, else image: in ~/.config/ddpjob/config.yaml or "
+                        f"${CONFIG_ENV}, else the trainer image {DEFAULT_IMAGE}, which a real cluster "
+                        "pulls only once it is pushed: make push REGISTRY=...)")
     parser.add_argument("--name", help="the DDPJob's name (default: from PATH, e.g. train.py -> train)")
     parser.add_argument("-n", "--namespace", default="default", help="namespace (default: %(default)s)")
     parser.add_argument("--entry", metavar="FILE",
@@ -85,12 +88,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def manifests_from_args(args: argparse.Namespace, err: Optional[TextIO] = None) -> list[dict]:
     """The ConfigMap and the DDPJob the flags describe; PackageError or ValueError (one line each).
     What the code's reading warns of (files that look like secrets) goes to ``err`` first."""
+    image = args.image or default_image()[0]
     package = read_package(args.path, entry=args.entry, exclude=args.exclude)
     for line in package.warnings:
         print(f"ddpjob submit: warning: {line}", file=err or sys.stderr)
     options = SubmitOptions(
         name=args.name or job_name_from(args.path), namespace=args.namespace, nnodes=args.nnodes,
-        nproc_per_node=args.nproc_per_node, device=args.device, image=args.image, launch=args.launcher,
+        nproc_per_node=args.nproc_per_node, device=args.device, image=image, launch=args.launcher,
         script_args=tuple(args.script_args), mount_path=args.mount_path, max_restarts=args.max_restarts)
     manifests = build_manifests(options, package)
     problems = validate_ddpjob(manifests[-1])

@@ -23,6 +23,7 @@ from ddpjob.controller.policy.creation import SERVICE_CONFLICT, reshape
 from ddpjob.controller.policy.failure import (
     consequence_wait, entry_failure, failure_of, on_failure, restart_so_far
 )
+from ddpjob.controller.policy import image_pull
 from ddpjob.controller.policy.finish import fail_job, finished_plan
 from ddpjob.controller.policy.kubelet_restarts import kubelet_carried, kubelet_restart_of, to_arm
 from ddpjob.controller.policy.restart_mode import in_place_start_overdue
@@ -207,7 +208,12 @@ def _starting(job: spec.DDPJob, status: JobStatus, observed: JobStatus, pods: Se
     without a pod are created."""
     nnodes, attempt, missing = status.nnodes, status.restartAttempt, ranks.missing
     waiting = [p for p in ranks.current.values() if p.phase not in (POD_RUNNING, POD_SUCCEEDED)]
+    # An image the nodes cannot pull is said first, with what to do (the kubelet's backoff
+    # would otherwise read as one more pending reason among the scheduler's).
+    unpulled = image_pull.describe(job, image_pull.not_pulled(waiting))
     described = _describe_not_started(job, waiting, missing, creation_errors, service_conflict or "")
+    if unpulled:
+        described = f"{unpulled}; {described}"
     created_cond = status.condition(CREATED)
     started_at = parse_time(created_cond.lastTransitionTime) if created_cond else None
     left = None
@@ -228,7 +234,8 @@ def _starting(job: spec.DDPJob, status: JobStatus, observed: JobStatus, pods: Se
         # WORLD_SIZE, image, ...): start the next attempt in the new shape instead.
         return reshape(job, observed, pods, now)
     phase = RESTARTING if status.phase == RESTARTING else PENDING
-    reason = SERVICE_CONFLICT if service_conflict and missing else "NodesPending"
+    reason = (SERVICE_CONFLICT if service_conflict and missing
+              else image_pull.IMAGE_NOT_PULLED if unpulled else "NodesPending")
     prefix = f"{restart_so_far(job, status)}: " if phase == RESTARTING else ""
     # Said before the pods' reasons, which a long gang's message may cut short.
     avoided = node_exclusion.unschedulable_note(status) if any(p.unschedulable for p in waiting) else ""
@@ -238,6 +245,8 @@ def _starting(job: spec.DDPJob, status: JobStatus, observed: JobStatus, pods: Se
     events = service_events
     if reason == SERVICE_CONFLICT and status.reason != SERVICE_CONFLICT:
         events += (Event("Warning", SERVICE_CONFLICT, shorten(service_conflict or "", DETAIL_LIMIT * 2)),)
+    if reason == image_pull.IMAGE_NOT_PULLED and unpulled:
+        events += image_pull.event(status, unpulled)
     return Plan(status=pending, create_ranks=recreate, attempt=attempt, ensure_service=bool(recreate) or service_missing,
                 delete=stray_deletes, events=events, requeue_after=left)
 
