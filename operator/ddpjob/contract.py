@@ -306,6 +306,21 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number")
 
 
+# What a pod writes (a termination message, a waiting or scheduling reason, an entry point's
+# answer) reaches the status, Events, `kubectl describe` and `kubectl get events`, which print
+# it raw: the C0 controls but tab and newline, DEL, the C1 controls, the zero-width and bidi
+# formatting characters (CVE-2021-42574) and the line and paragraph separators become escapes
+# (``\x1b``), so no pod's text can steer a reader's terminal or hide what it says.
+_UNSAFE_POD_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e"
+                              "\u2060-\u2069\ufeff]")
+
+
+def pod_text(text: str) -> str:
+    """Text a pod wrote, safe to keep in the status and Events (tabs and newlines kept)."""
+    return _UNSAFE_POD_TEXT.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                else f"\\u{ord(m.group()):04x}", text)
+
+
 def parse_entry_state(body: bytes) -> Optional[EntryState]:
     """The pod's answer at /attempt, or None for anything malformed. Never raises.
 
@@ -348,7 +363,7 @@ def parse_entry_state(body: bytes) -> Optional[EntryState]:
     if not isinstance(reported, bool):
         return None
     return EntryState(attempt=attempt, state=state, exit_code=exit_code,
-                      message=message[:MAX_ENTRY_MESSAGE_CHARS], seconds_since_failure=seconds,
+                      message=pod_text(message[:MAX_ENTRY_MESSAGE_CHARS])[:MAX_ENTRY_MESSAGE_CHARS], seconds_since_failure=seconds,
                       reported=reported)
 
 

@@ -195,3 +195,12 @@ def test_recreate_pods_the_event_says_why_there_are_no_stacks(monkeypatch):
     kube, events, calls = stall_pass(gang(token=""), monkeypatch, lambda *a: pytest.fail("asked"))
     assert kube.status["phase"] == "Restarting" and calls == []
     assert "no pod of the gang serves its stacks" in events[-1].message
+
+
+def test_a_pods_frames_cannot_put_control_characters_into_the_event_or_the_log():
+    """A function or file name is the pod's text: escaped in the Event and the log (issue 35)."""
+    hostile = dump("evil\x1b[2J\u202e", "main", "<module>")
+    answers = [PodStacks("train-node-0", {"0": hostile}), PodStacks("train-node-1", None, "\x1b]0;title\x07")]
+    for text in (summarize(answers, suspect_rank=0), stall_stacks.log_text(answers)):
+        assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text, text
+        assert "\\x1b" in text

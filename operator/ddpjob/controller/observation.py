@@ -97,6 +97,19 @@ class PodView:
         return self.phase == POD_RUNNING and self.running and not self.deleting
 
 
+# A pod's status text is bounded here, before any escape: a 1 MiB message is not scanned whole.
+POD_TEXT_READ_LIMIT = 64 * 1024
+
+
+def _text(value: Any) -> str:
+    """A string the pod's writers chose (kubelet, scheduler, the program's termination
+    message), read bounded and with its control characters as escapes (contract.pod_text)."""
+    text = str(value or "")
+    if len(text) > POD_TEXT_READ_LIMIT:
+        text = text[-POD_TEXT_READ_LIMIT:]
+    return contract.pod_text(text)
+
+
 def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
     """A pod object (as the API returns it) -> PodView; None if it lacks our rank labels."""
     meta = pod.get("metadata") or {}
@@ -133,15 +146,15 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         running="running" in state,
         exit_code=terminated.get("exitCode"),
         finished_at=parse_time(terminated.get("finishedAt")),
-        terminated_reason=str(terminated.get("reason") or ""),
-        terminated_message=truncate(str(terminated.get("message") or ""), FAILED_NODE_MESSAGE_LIMIT),
-        pod_reason=str(status.get("reason") or ""),
-        pod_message=str(status.get("message") or ""),
-        waiting_reason=str(waiting.get("reason") or ""),
-        waiting_message=str(waiting.get("message") or ""),
-        unschedulable=unschedulable,
-        disruption=shorten(disruption, REASON_LIMIT),
-        disruption_message=shorten(disruption_message, DETAIL_LIMIT),
+        terminated_reason=_text(terminated.get("reason")),
+        terminated_message=truncate(_text(terminated.get("message")), FAILED_NODE_MESSAGE_LIMIT),
+        pod_reason=_text(status.get("reason")),
+        pod_message=_text(status.get("message")),
+        waiting_reason=_text(waiting.get("reason")),
+        waiting_message=_text(waiting.get("message")),
+        unschedulable=_text(unschedulable),
+        disruption=shorten(_text(disruption), REASON_LIMIT),
+        disruption_message=shorten(_text(disruption_message), DETAIL_LIMIT),
         unhealthy_devices=_unhealthy_devices(containers),
         pod_ip=str(status.get("podIP") or ""),
         nproc_per_node=_nproc_per_node(pod.get("spec") or {}),
@@ -152,8 +165,8 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         restarts_seen=_count(labels.get(names.LABEL_CONTAINER_RESTARTS)),
         last_exit_code=_exit_code(last.get("exitCode")),
         last_finished_at=parse_time(last.get("finishedAt")),
-        last_reason=shorten(str(last.get("reason") or ""), REASON_LIMIT),
-        last_message=truncate(str(last.get("message") or ""), FAILED_NODE_MESSAGE_LIMIT),
+        last_reason=shorten(_text(last.get("reason")), REASON_LIMIT),
+        last_message=truncate(_text(last.get("message")), FAILED_NODE_MESSAGE_LIMIT),
         attempt_at_start=_attempt_at_start(meta.get("annotations") or {}),
     )
 
