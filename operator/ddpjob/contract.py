@@ -315,10 +315,15 @@ _UNSAFE_POD_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\
                               "\u2060-\u2069\ufeff]")
 
 
+def escape(match: "re.Match[str]") -> str:
+    """One unsafe character as the escape that names it: ``\\x1b``, ``\\u202e``."""
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def pod_text(text: str) -> str:
     """Text a pod wrote, safe to keep in the status and Events (tabs and newlines kept)."""
-    return _UNSAFE_POD_TEXT.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                else f"\\u{ord(m.group()):04x}", text)
+    return _UNSAFE_POD_TEXT.sub(escape, text)
 
 
 def parse_entry_state(body: bytes) -> Optional[EntryState]:

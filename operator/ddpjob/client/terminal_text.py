@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from ddpjob import contract
+
 # C0 controls but tab, DEL, C1 controls; and the bidi overrides and isolates, which can make a
 # line read in an order other than the one it has (CVE-2021-42574, "Trojan Source").
 _UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -17,8 +19,7 @@ _UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 def printable(text: str) -> str:
     """``text`` with every character that could steer a terminal written as an escape."""
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                       else f"\\u{ord(m.group()):04x}", text)
+    return _UNSAFE.sub(contract.escape, text)
 
 
 def printable_lines(text: str, width: int) -> list[str]:

@@ -15,7 +15,6 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from ddpjob import contract
 from ddpjob.api.status import STATUS_MESSAGE_LIMIT, shorten
 
 STALLED_STACKS = "StalledStacks"
@@ -93,13 +92,12 @@ def summarize(answers: Sequence[PodStacks], suspect_rank: Optional[int]) -> str:
             lines.append(((0 if suspect else 1, _rank_of(key)), line))
     if not lines:
         message = "The stacks of the stalled gang could not be read before the restart"
-        return shorten(contract.pod_text(message + (f" ({'; '.join(failed)})" if failed else "")), EVENT_LIMIT)
+        return shorten(message + (f" ({'; '.join(failed)})" if failed else ""), EVENT_LIMIT)
     message = ("Stacks of the stalled gang before the restart, innermost frame first: "
                + "; ".join(line for _, line in sorted(lines)))
     if failed:
         message += f" [not read: {'; '.join(failed)}]"
-    # Frames are the pods' text (a file or function name can hold anything): escaped (contract.pod_text).
-    return shorten(contract.pod_text(message), EVENT_LIMIT)
+    return shorten(message, EVENT_LIMIT)
 
 
 def log_text(answers: Sequence[PodStacks]) -> str:
@@ -111,5 +109,5 @@ def log_text(answers: Sequence[PodStacks]) -> str:
             continue
         for key in sorted(answer.stacks, key=_rank_of):
             parts.append(f"--- {answer.pod} rank {key}:\n{answer.stacks[key]}")
-    text = contract.pod_text("\n".join(parts))
+    text = "\n".join(parts)
     return text if len(text) <= LOG_LIMIT else text[:LOG_LIMIT] + "\n... (cut)"
