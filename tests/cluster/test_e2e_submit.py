@@ -24,7 +24,7 @@ def test_submit_a_folder_and_the_job_succeeds(e2e, tmp_path):
     result = submit(e2e.cluster, str(project), "--nnodes", "2", "--nproc-per-node", "2",
                     "--image", e2e.image, "-n", e2e.namespace, "--", "--steps", "2")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ddpjob.dev/two-files", result.stdout
+    assert result.stdout.strip() == "ddpjob.ddpjob.dev/two-files", result.stdout  # kubectl reads it back
     status = e2e.wait_until_finished("two-files", TRAINING_TIMEOUT)
     assert (status["phase"], status["restarts"]) == ("Succeeded", 0), status
     for node, ranks in ((0, (0, 1)), (1, (2, 3))):

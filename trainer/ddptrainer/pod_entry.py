@@ -258,7 +258,7 @@ def choose_exit_code(failures: Mapping[int, Any]) -> tuple[int, int]:
 
     ``failures`` maps global rank to torchrun's ProcessFailure (exitcode, timestamp). Order:
 
-    1. a permanent code (bad config 2, data missing 3, 126, 127): retrying cannot help, and
+    1. a permanent code (bad config 2, data missing 3, disk full 4, 126, 127): retrying cannot help, and
        any one rank saying so decides;
     2. a root cause: any other code (1, 137, a signal, ...), the earliest first;
     3. the codes that are consequences of another failure: 143 (torchrun's SIGTERM to the

@@ -108,6 +108,10 @@ MAX_VOLUMES = 64
 # The most disruptions failurePolicy may allow in its window: the status keeps the time of each
 # one still in the window (status.recentDisruptions), so this bounds that list.
 MAX_DISRUPTIONS = 100
+# The shortest disruption window: with a window of a second, a budget of disruptions "within the
+# window" never runs out, and a gang disrupted again and again (its own pods evicted through
+# the Eviction API, say) would restart without end, each restart the operator's work.
+MIN_DISRUPTION_WINDOW_SECONDS = 60
 #: failurePolicy.excludeNodeAfterFailures counts in status.failureHistory, which keeps 10
 #: (status.FAILURE_HISTORY_LIMIT; a unit test holds the two together).
 MAX_EXCLUDE_AFTER = 10
@@ -132,8 +136,9 @@ class FailurePolicy:
         default=10, minimum=0, maximum=MAX_DISRUPTIONS)
     disruptionWindowSeconds: int = spec_field(
         "The sliding window maxDisruptions counts in: disruptions older than this many seconds "
-        "no longer count.",
-        default=3600, minimum=1, maximum=86400 * 30)
+        "no longer count. At least 60, so that the budget bounds how often the gang restarts: "
+        "at most maxDisruptions (100 at most) a minute.",
+        default=3600, minimum=MIN_DISRUPTION_WINDOW_SECONDS, maximum=86400 * 30)
     excludeNodeAfterFailures: int = spec_field(
         "Bad-node avoidance: a Kubernetes node implicated in this many of the job's recorded "
         "failures (status.failureHistory, the last 10: a rank's own non-zero exit there, not a "

@@ -14,7 +14,12 @@ def add_filename_argument(parser: argparse.ArgumentParser) -> None:
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """JOB, -n, --kubeconfig and --context, as `ddpjob status` and `ddpjob logs` take them."""
     parser.add_argument("job", metavar="JOB", help="the DDPJob's name")
-    parser.add_argument("-n", "--namespace", default="default", help="its namespace (default: %(default)s)")
+    add_connection_arguments(parser)
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """-n, --kubeconfig and --context: where the commands that talk to a cluster look."""
+    parser.add_argument("-n", "--namespace", default="default", help="the namespace (default: %(default)s)")
     parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG or ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
 

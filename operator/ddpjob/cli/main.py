@@ -3,9 +3,13 @@
   ddpjob submit train.py --nnodes 2 -- ARGS   run a local script or folder on the cluster
   ddpjob status JOB                           one screen about a job: phase, progress, failures, pods
   ddpjob logs JOB [-f]                        every node's log, merged, each line marked with its node
+  ddpjob list [-A] [-o wide|name|json|yaml]   the jobs of a namespace, one line each (-w: watch)
+  ddpjob wait JOB                             until the job ends; its result is the exit code
+  ddpjob delete JOB...                        delete jobs (their pods, Service and code go too)
   ddpjob run -f job.yaml                      run a DDPJob here, one process per node, no cluster
   ddpjob validate -f job.yaml                 check a manifest as the API server would
   ddpjob render -f job.yaml                   show the Service and Pods the operator would create
+  ddpjob completion bash|zsh                  a shell completion script
 
 Also installed as `kubectl-ddpjob`, so `kubectl ddpjob submit ...` (status, logs, ...) works as a kubectl plugin.
 """
@@ -23,14 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ddpjob {__version__} (API {GROUP_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from ddpjob.cli import logs, render, run, status, submit, validate
+    from ddpjob.cli import completion, delete, list_jobs, logs, render, run, status, submit, validate, wait
 
     submit.add_parser(sub)
     status.add_parser(sub)
     logs.add_parser(sub)
+    list_jobs.add_parser(sub)
+    wait.add_parser(sub)
+    delete.add_parser(sub)
     run.add_parser(sub)
     validate.add_parser(sub)
     render.add_parser(sub)
+    completion.add_parser(sub)
+    parser.set_defaults(root_parser=parser)  # what `ddpjob completion` reads the commands from
     return parser
 
 

@@ -21,10 +21,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "status", help="one screen about a job on the cluster: phase, progress, restarts, failures, pods",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  ddpjob status train -n team-a\n"
+        epilog="examples:\n  ddpjob status train -n team-a\n  ddpjob status train -o json | jq .status.progress\n"
         "Exit 0 when the job was read, 1 when it is not there or cannot be read, 2 for bad flags.\n"
         "See docs/status-and-logs.md.")
     add_cluster_arguments(parser)
+    parser.add_argument("-o", "--output", choices=("json", "yaml"),
+                        help="the DDPJob as the API server holds it, spec and status (default: the screen)")
     parser.set_defaults(handler=run_status)
     return parser
 
@@ -39,5 +41,10 @@ def run_status(args: argparse.Namespace, out: Optional[TextIO] = None, err: Opti
     except ClusterError as error:
         print(f"ddpjob status: error: {error}", file=err)
         return EXIT_FAILED
-    out.write(render_status(job))
+    if getattr(args, "output", None):
+        from ddpjob.client.job_table import as_document
+
+        out.write(as_document([job], args.output, single=True))
+    else:
+        out.write(render_status(job))
     return EXIT_OK

@@ -23,6 +23,7 @@ import yaml
 
 from ddpjob.api.validation import validate_ddpjob
 from ddpjob.client.code_package import PackageError, read_package
+from ddpjob.client.job_table import RESOURCE
 from ddpjob.client.submission import (DEFAULT_IMAGE, DEFAULT_MOUNT_PATH, LABEL_SUBMITTED_CODE, LAUNCH_MODES,
                                       SubmitOptions, build_manifests, job_name_from)
 from ddpjob.client.user_defaults import CONFIG_ENV, IMAGE_ENV, default_image
@@ -46,8 +47,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "  ddpjob submit train.py --nnodes 2 --nproc-per-node 2 -- --epochs 3\n"
         "  ddpjob submit ./project --entry train.py --nnodes 4 --device gpu --nproc-per-node 8 --image my/img:1\n"
         "  ddpjob submit ./project --nnodes 2 --dry-run > job.yaml && ddpjob run -f job.yaml\n"
+        "  ddpjob submit train.py --nnodes 2 --follow   # its logs, then its result as the exit code\n"
         "Exit 0 when the job was created (or printed), 2 for bad flags or code that cannot be\n"
-        "shipped, 1 when the cluster refused it. See docs/submit.md.")
+        "shipped, 1 when the cluster refused it; with --follow, then the job's result: 0\n"
+        "Succeeded, 1 Failed, 3 it could no longer be read. See docs/submit.md.")
     parser.add_argument("path", metavar="PATH", help="your script, or a folder of code (every text file in it)")
     parser.add_argument("--nnodes", type=int, default=1, metavar="N", help="pods (nodes) (default: %(default)s)")
     parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
@@ -76,6 +79,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="where the code appears in the pods (default: %(default)s)")
     parser.add_argument("--max-restarts", type=int, metavar="N",
                         help="gang restarts allowed after retryable failures (default: the DDPJob's, 3)")
+    parser.add_argument("--follow", action="store_true",
+                        help="then print every node's log until the job ends, and exit with its result "
+                        "(0 Succeeded, 1 Failed, 3 it cannot be read; Ctrl-C leaves it running: 130)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the ConfigMap and the DDPJob as YAML, create nothing")
     parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG or ~/.kube/config)")
@@ -152,10 +158,17 @@ def run_submit(args: argparse.Namespace, out: Optional[TextIO] = None, err: Opti
         print(f"ddpjob submit: error: {error}", file=err)
         return EXIT_FAILED
     files = len(configmap["data"])
+    if args.follow:
+        print(f"ddpjob submit: created DDPJob {namespace}/{name} ({files} file{'s' * (files != 1)}); "
+              "following it (Ctrl-C leaves it running)", file=err)
+        print(f"{RESOURCE}/{name}", file=out)
+        from ddpjob.cli.follow import follow
+
+        return follow(conn, args, name, out, err)
     print(f"ddpjob submit: created ConfigMap {namespace}/{configmap['metadata']['name']} ({files} "
           f"file{'s' * (files != 1)}) and DDPJob {namespace}/{name}", file=err)
     print(f"  watch it:   kubectl get ddpjob {name} -n {namespace} -w", file=err)
     print(f"  its status: ddpjob status {name} -n {namespace}", file=err)
     print(f"  its logs:   ddpjob logs {name} -n {namespace} -f", file=err)
-    print(f"ddpjob.dev/{name}", file=out)  # kubectl's "kind/name" line, for scripts
+    print(f"{RESOURCE}/{name}", file=out)  # kubectl's "resource.group/name" line, for scripts
     return EXIT_OK

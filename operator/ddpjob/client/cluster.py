@@ -148,6 +148,40 @@ def get_job(conn: Connection, namespace: str, name: str) -> Optional[dict]:
         raise
 
 
+#: DDPJobs asked for per page of a list (the API server's continue token brings the next).
+LIST_PAGE = 500
+ALL_JOBS = f"/apis/{names.API_GROUP}/{names.API_VERSION}/{names.PLURAL}"
+
+
+def list_jobs(conn: Connection, namespace: Optional[str]) -> list[dict]:
+    """Every DDPJob of ``namespace`` (None: of every namespace), a page at a time."""
+    path = ALL_JOBS if namespace is None else JOBS.format(namespace=namespace)
+    where = "every namespace" if namespace is None else f"namespace {namespace}"
+    items: list[dict] = []
+    token = ""
+    while True:
+        query = [("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
+        data = conn.request("GET", path, query=query, what=f"list DDPJobs in {where}")
+        items.extend(data.get("items") or [])
+        token = (data.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return items
+
+
+def delete_job(conn: Connection, namespace: str, name: str) -> bool:
+    """Delete the DDPJob (its pods, Service and code go with it: they are its children, and the
+    garbage collector deletes them in the background); False when it was not there."""
+    body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+    try:
+        conn.request("DELETE", f"{JOBS.format(namespace=namespace)}/{name}", body,
+                     what=f"delete DDPJob {namespace}/{name}")
+    except ClusterError as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
 def create_job(conn: Connection, job: dict) -> dict:
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     return conn.request("POST", JOBS.format(namespace=namespace), job, what=f"create DDPJob {namespace}/{name}")

@@ -14,6 +14,7 @@ from ddpjob.api import progress as progress_reports
 from ddpjob.api import spec
 from ddpjob.api.status import JobStatus
 from ddpjob.controller import entry_asks, kueue, progress
+from ddpjob.controller.event_budget import EventBudget
 from ddpjob.controller.observation import ServiceView
 
 
@@ -70,6 +71,7 @@ class JobMemory:
     # looked at again (a creation, a GET) every creation_retry_max_seconds.
     service_found: Optional[tuple[ServiceView, dt.datetime]] = None
     in_place: "InPlaceMemory" = field(default_factory=lambda: InPlaceMemory())
+    events: EventBudget = field(default_factory=EventBudget)  # how many Events it may still post
 
 
 @dataclass

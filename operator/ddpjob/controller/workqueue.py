@@ -46,6 +46,7 @@ exits the process (``Runtime.exit``): its pod restarts as a standby.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import contextvars
 import functools
 import logging
@@ -114,7 +115,12 @@ class JobWorker:
             self.wakeup.set()
 
     def post_event(self, event: Event) -> None:
-        """An Event on the DDPJob, and the same line in the log."""
+        """An Event on the DDPJob, within the job's Event budget (event_budget.py), and the same
+        line in the log."""
+        admitted = self.memory.events.admit(event, dt.datetime.now(dt.timezone.utc))
+        if admitted is None:
+            return
+        event = admitted
         logger.log(logging.WARNING if event.type == "Warning" else logging.INFO,
                    "%s/%s: %s: %s", *self.key, event.reason, event.message)
         self.runtime.emit_event(self.body, event)
