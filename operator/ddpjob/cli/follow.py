@@ -9,7 +9,6 @@ logs to you) is said once, and the wait for the result goes on: the exit code is
 from __future__ import annotations
 
 import argparse
-import io
 import time
 from typing import Any, Callable, Optional, TextIO
 
@@ -45,12 +44,8 @@ def follow(conn: Any, args: argparse.Namespace, name: str, out: TextIO, err: Tex
             sleep(job_wait.POLL_SECONDS)
         log_args = argparse.Namespace(job=name, namespace=namespace, kubeconfig=args.kubeconfig,
                                       context=args.context, follow=True, rank=None, attempt=None, tail=None)
-        log_err = io.StringIO()
-        if logs.run_logs(log_args, out, log_err) != logs.EXIT_OK:
-            err.write(log_err.getvalue())
+        if logs.run_logs(log_args, out, err) != logs.EXIT_OK:
             print("ddpjob submit: the logs cannot be followed; waiting for the job's result", file=err)
-        else:
-            err.write(log_err.getvalue())
         outcome = job_wait.wait(lambda: cluster.get_job(conn, namespace, name), "finished", 0, sleep=sleep)
     except cluster.ClusterError as error:
         print(f"ddpjob submit: error: {cluster.hint(error, namespace, 'ddpjobs')}", file=err)

@@ -84,7 +84,3 @@ def table(rows: Sequence[tuple[str, ...]], head: tuple[str, ...]) -> str:
     """kubectl's table: columns as wide as their widest cell, three spaces apart."""
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "".join(("   ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip() + "\n" for r in [head, *rows])
-
-
-def finished(job: dict) -> bool:
-    return JobStatus.from_dict(job.get("status") or {}).terminal
