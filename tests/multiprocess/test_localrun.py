@@ -435,3 +435,27 @@ def test_a_killed_gpu_worker_restarts_in_place_on_its_gpu_with_nccl(tmp_path):
     starts = [json.loads(line) for line in lines if line.startswith("{") and '"event": "start"' in line]
     assert [s["step"] for s in starts] == [0, 4], starts
     assert all(s.get("backend") == "nccl" for s in starts), starts
+
+
+def test_a_bug_that_fails_every_attempt_the_same_way_fails_after_one_restart_named_once(tmp_path):
+    """Issue 36, item 4: a script's uncaught exception on every rank, through the pod entry point
+    (torchrun, 2 workers): the worker's error reaches the termination message, and the second
+    attempt that fails with it ends the run (maxRestarts 3 is not spent)."""
+    script = tmp_path / "crash.py"
+    script.write_text(textwrap.dedent('''
+        def main():
+            return 1 / 0
+        main()
+    '''))
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "apiVersion": "ddpjob.dev/v1alpha1", "kind": "DDPJob", "metadata": {"name": "crash"},
+        "spec": {"nnodes": 1, "nprocPerNode": 2, "image": "local", "args": ["--script", str(script)],
+                 "failurePolicy": {"maxRestarts": 3}}}))
+    result = run(manifest, "--workdir", str(tmp_path), timeout=300)
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert "ZeroDivisionError: division by zero (crash.py:3 in main)" in result.stderr  # the termination message
+    assert "restarting the gang (restart 1/3)" in result.stderr and "restart 2/3" not in result.stderr
+    assert ("the same error on attempts 0 and 1, each before it trained: ZeroDivisionError: division by zero "
+            "(crash.py:3 in main); a restart cannot fix this (failurePolicy.repeatedErrorAttempts: 2); "
+            "job crash failed") in result.stderr

@@ -36,6 +36,7 @@ TEXT_BOUNDS = {
     (FailureRecord, "restartMode"): max(map(len, contract.RESTART_MODES)),
     (FailureRecord, "reason"): status_model.REASON_LIMIT,
     (FailureRecord, "message"): status_model.FAILURE_MESSAGE_LIMIT,
+    (FailureRecord, "error"): status_model.FAILURE_ERROR_LIMIT,
     (NodeState, "pod"): _POD,
     (NodeState, "phase"): status_model.PHASE_LIMIT,
     (NodeState, "reason"): status_model.REASON_LIMIT,

@@ -118,7 +118,7 @@ def test_status_schema_is_the_one_in_the_design_notes():
                                                            "reason", "message", "nodeName"]
     assert list(props["failureHistory"]["items"]["properties"]) == [
         "time", "attempt", "nodeRank", "rank", "pod", "nodeName", "kind", "reason", "exitCode", "message",
-        "restartMode"]
+        "restartMode", "error"]
     assert props["failureHistory"]["items"]["properties"]["restartMode"]["enum"] == ["InPlace", "Recreate"]
     assert props["failureHistory"]["items"]["properties"]["kind"]["enum"] == ["Application", "Disruption"]
     assert props["recentDisruptions"]["items"]["format"] == "date-time"

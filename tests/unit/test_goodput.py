@@ -87,6 +87,27 @@ def test_a_program_that_never_reports_trains_while_it_runs_and_suspension_is_its
     assert done.percent == "unknown"
 
 
+def test_a_gang_that_fails_in_its_first_step_every_time_claims_no_training():
+    """Each attempt reports once after init, at step 0, and fails before step 1 (issue 36: this
+    read "training 99%, 0 steps re-done")."""
+    at_init = Moment(running=True, step=0, ever_reported=True)
+    done = timeline((0, PENDING), (20, RUNNING_SILENT), (30, at_init), (90, FAILED_OVER),
+                    (120, replace(at_init, restarts=1)), (180, Moment(restarting=True, ever_reported=True, restarts=2)),
+                    (210, replace(at_init, restarts=2)), (300, Moment(finished=True, ever_reported=True, restarts=2)))
+    assert done.percent == "unknown"
+    assert done.summary == ("training unknown (no step trained: every report at step 0) of 5m00s; "
+                            "2 restarts cost 1m00s; starting 30s")
+    # The first report past it: from then on the percentage is claimed.
+    going = timeline((0, PENDING), (30, at_init), (40, replace(at_init, step=5)))
+    assert going.percent == "25%" and going.firstStep == 0 and going.highestStep == 5
+
+
+def test_a_goodput_counted_before_first_step_existed_keeps_its_percentage():
+    old = replace(timeline((0, PENDING), (30, Moment(running=True, step=3, ever_reported=True))), firstStep=None)
+    later = advance(old, Moment(running=True, step=3, ever_reported=True), t(60))
+    assert later.firstStep is None and later.percent == "50%"
+
+
 def test_the_clock_never_runs_backwards():
     done = timeline((0, PENDING), (10, RUNNING_SILENT), (5, Moment(finished=True)))  # another replica's clock
     assert done.wallSeconds == 10 and min(done.trainingSeconds, done.startingSeconds) >= 0

@@ -128,7 +128,8 @@ def test_to_manifest_spells_out_every_default():
     assert out["spec"]["failurePolicy"] == {"maxRestarts": 3, "maxDisruptions": 10, "disruptionWindowSeconds": 3600,
                                             "excludeNodeAfterFailures": 2,
                                             "restartMode": "InPlace",
-                                            "permanentExitCodes": [2, 3, 4, 126, 127]}
+                                            "permanentExitCodes": [2, 3, 4, 126, 127],
+                                            "repeatedErrorAttempts": 2}
     assert "command" not in out["spec"] and out["spec"]["args"] == []
 
 

@@ -400,6 +400,7 @@ def _run_attempt(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
         node = _with_master_address(node, address)
         if summary_dir:
             os.environ[summary.ENV_SUMMARY_DIR] = summary_dir
+            os.environ[summary.ENV_ENTRY_PID] = str(os.getpid())  # whose children are workers
         else:
             os.environ.pop(summary.ENV_SUMMARY_DIR, None)
         _offer_stacks(control, summary_dir)

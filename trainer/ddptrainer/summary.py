@@ -19,6 +19,8 @@ MAX_TERMINATION_MESSAGE_BYTES = 4096
 #: Set by ddptrain-pod for its workers: each leaves its ending there (``leave_ending``), and
 #: the pod entry point composes the pod's termination message from them.
 ENV_SUMMARY_DIR = "DDPTRAINER_SUMMARY_DIR"
+#: ...and its own pid: its children are the workers (a process a worker starts is not one).
+ENV_ENTRY_PID = "DDPTRAINER_ENTRY_PID"
 
 
 def resolve_termination_log(flag_value: Optional[str],
@@ -101,6 +103,12 @@ def leave_ending(code: int, message: str, rank: Optional[int],
     name = f"{_GUARD_PREFIX}{os.getpid()}" if rank is None else f"{_RANK_PREFIX}{int(rank)}"
     return write_termination_message(f"{int(code)}\n{message}",
                                      os.path.join(folder, name + _SUFFIX), True)
+
+
+def ending_left(rank: int, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether trainer rank ``rank`` has left its ending (under ddptrain-pod)."""
+    folder = (os.environ if environ is None else environ).get(ENV_SUMMARY_DIR)
+    return bool(folder) and os.path.exists(os.path.join(folder, f"{_RANK_PREFIX}{int(rank)}{_SUFFIX}"))
 
 
 def read_endings(folder: Optional[str]) -> list[WorkerEnding]:

@@ -387,7 +387,8 @@ def _become_worker(fields: Mapping[str, Any], fds: Sequence[int]) -> None:
 
 def _install_worker_site(env: Mapping[str, str]) -> None:
     """What worker_site/sitecustomize.py does at a new interpreter's start, for this worker's
-    environment: the init guard (where the entry point put it on PYTHONPATH) and the stack dump."""
+    environment: the init guard (where the entry point put it on PYTHONPATH), the uncaught
+    error's summary (ddptrainer.uncaught) and the stack dump."""
     from . import init_guard
 
     if init_guard.site_dir() in env.get("PYTHONPATH", "").split(os.pathsep) and \
@@ -396,6 +397,12 @@ def _install_worker_site(env: Mapping[str, str]) -> None:
             init_guard.install_when_imported()
         except Exception as error:  # noqa: BLE001 - a missing guard must not stop the training
             sys.stderr.write(f"ddptrain-pod: init guard: warning: not installed: {error}\n")
+    try:
+        from . import uncaught
+
+        uncaught.install(env, worker=True)
+    except Exception as error:  # noqa: BLE001 - a missing summary must not stop the training
+        sys.stderr.write(f"ddptrain-pod: uncaught errors: warning: not installed: {error}\n")
     if env.get(contract.DDPJOB_STACKS_DIR):
         try:
             from . import stacks

@@ -78,6 +78,7 @@ class NodeFailure:
     disruption: str = ""  # why the cluster ended it (``disruption_of``); "" if the code did
     node: str = ""  # the Kubernetes node it ran on, if known
     rank: Optional[int] = None  # the global rank to blame, where known (a stall's)
+    started_at: Optional[dt.datetime] = None  # when its container started, if known
 
     @property
     def kind(self) -> str:

@@ -82,7 +82,7 @@ def advance(goodput: Optional[Goodput], moment: Moment, now: dt.datetime) -> Goo
     if goodput is None:  # the first sight of the job: nothing to count yet
         goodput = Goodput(segmentStart=precise_time(now), accountedUntil=precise_time(now),
                           restarts=moment.restarts, segment=segment_of(moment, ""),
-                          highestStep=moment.step)
+                          highestStep=moment.step, firstStep=moment.step)
         return _figures(goodput)
     if goodput.segment == FINISHED_TIME:
         return goodput
@@ -108,7 +108,10 @@ def advance(goodput: Optional[Goodput], moment: Moment, now: dt.datetime) -> Goo
     steps = [s for s in (goodput.highestStep, moment.step) if s is not None]
     updated = replace(counted, segment=segment, segmentStart=precise_time(started), accountedUntil=precise_time(now),
                       restarts=max(goodput.restarts, moment.restarts), stepsRedone=redone,
-                      lastRestartSeconds=last_restart, highestStep=max(steps) if steps else None)
+                      lastRestartSeconds=last_restart, highestStep=max(steps) if steps else None,
+                      # Set with the job's first report; a goodput counted before the field
+                      # existed keeps it unset, and trained() then takes its steps as trained.
+                      firstStep=goodput.firstStep if goodput.highestStep is not None else moment.step)
     return _figures(updated)
 
 
@@ -123,9 +126,10 @@ def _figures(goodput: Goodput) -> Goodput:
     wall = round(sum(getattr(goodput, b) for b in _BUCKETS.values()), 3)
     ratio = goodput.trainingSeconds / wall if wall > 0 else 0.0
     percent = int(ratio * 100 + 1e-9)
-    # Without a progress report nothing tells training from the rest of Running: say so rather
-    # than a percentage (a program that reports nothing would read "training 100%").
-    shown = f"{percent}%" if goodput.highestStep is not None else UNKNOWN
+    # Without a progress report nothing tells training from the rest of Running, and until a
+    # report goes past the first one no step was trained (a gang that fails in its first step
+    # every time): say so rather than a percentage ("training 100%", "training 99%").
+    shown = f"{percent}%" if trained(goodput) else UNKNOWN
     return replace(goodput, wallSeconds=wall, ratio=round(ratio, 4), percent=shown,
                    summary=shorten(summary(goodput, wall, percent), GOODPUT_SUMMARY_LIMIT))
 
@@ -134,17 +138,31 @@ def _figures(goodput: Goodput) -> Goodput:
 UNKNOWN = "unknown"
 
 
+def trained(goodput: Goodput) -> bool:
+    """Whether some report went past the job's first one: a step was trained."""
+    if goodput.highestStep is None:
+        return False
+    return goodput.firstStep is None or goodput.highestStep > goodput.firstStep
+
+
 def summary(goodput: Goodput, wall: float, percent: int) -> str:
     """``training 93% of 2h10m; 3 restarts cost 6m, 410 steps re-done; queued 2m, starting 1m``;
-    ``training unknown (no progress reported) of 2h10m`` while no rank has reported progress."""
+    ``training unknown (no progress reported) of 2h10m`` while no rank has reported progress;
+    ``training unknown (no step trained: every report at step 0) of 5m`` while none went past
+    the first."""
     reported = goodput.highestStep is not None
-    text = (f"training {percent}% of {format_duration(wall)}" if reported
-            else f"training {UNKNOWN} (no progress reported) of {format_duration(wall)}")
+    if trained(goodput):
+        text = f"training {percent}% of {format_duration(wall)}"
+    elif reported:
+        text = f"training {UNKNOWN} (no step trained: every report at step {goodput.highestStep}) of {format_duration(wall)}"
+    else:
+        text = f"training {UNKNOWN} (no progress reported) of {format_duration(wall)}"
     if goodput.restarts:
         plural = "s" if goodput.restarts != 1 else ""
-        redone = (f"{goodput.stepsRedone} step{'s' if goodput.stepsRedone != 1 else ''} re-done" if reported
-                  else f"steps re-done {UNKNOWN}")
-        text += f"; {goodput.restarts} restart{plural} cost {format_duration(goodput.restartingSeconds)}, {redone}"
+        redone = (f"{goodput.stepsRedone} step{'s' if goodput.stepsRedone != 1 else ''} re-done" if trained(goodput)
+                  else f"steps re-done {UNKNOWN}" if not reported else "")
+        text += f"; {goodput.restarts} restart{plural} cost {format_duration(goodput.restartingSeconds)}"
+        text += f", {redone}" if redone else ""
     others = [f"{name} {format_duration(seconds)}" for name, seconds in (
         ("queued", goodput.queuedSeconds), ("starting", goodput.startingSeconds),
         ("suspended", goodput.suspendedSeconds)) if seconds >= 0.5]

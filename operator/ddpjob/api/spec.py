@@ -115,6 +115,8 @@ MIN_DISRUPTION_WINDOW_SECONDS = 60
 #: failurePolicy.excludeNodeAfterFailures counts in status.failureHistory, which keeps 10
 #: (status.FAILURE_HISTORY_LIMIT; a unit test holds the two together).
 MAX_EXCLUDE_AFTER = 10
+#: failurePolicy.repeatedErrorAttempts compares the errors status.failureHistory keeps (10).
+MAX_REPEATED_ERROR_ATTEMPTS = 10
 # The operator's memory-backed /dev/shm volume in every pod.
 SHM_VOLUME_NAME = names.SHM_VOLUME_NAME
 
@@ -162,6 +164,14 @@ class FailurePolicy:
         "trainer's bad-configuration (2), data-missing (3) and disk-full (4) codes, and 126/127.",
         default=contract.DEFAULT_PERMANENT_EXIT_CODES, minimum=1, maximum=255, max_items=64,
         unique_items=True)
+    repeatedErrorAttempts: int = spec_field(
+        "A deterministic error fails the job (RepeatedError) instead of spending maxRestarts: the "
+        "same error (the Python exception the culprit's termination message names, digits aside) "
+        "on this many attempts in a row, each an exit of the code's own (not a signal, not 143, 12 "
+        "or 13) before the attempt trained (before its first progress report; for a program that "
+        "reports none, within 5 minutes of its start). 2: one restart, in case it was bad luck; "
+        "1: the first such failure fails the job; 0: never.",
+        default=2, minimum=0, maximum=MAX_REPEATED_ERROR_ATTEMPTS)
     progressTimeoutSeconds: Optional[int] = spec_field(
         "Hang detection: once a rank has reported progress (docs/contract.md, Progress), the "
         "longest the job may go without any rank reporting progress. Then the gang counts as "

@@ -62,6 +62,8 @@ NODE_NAME_LIMIT = 253
 NODES_LISTED = 64
 #: Failures ``status.failureHistory`` keeps (the newest first), and the text each one keeps.
 FAILURE_HISTORY_LIMIT = 10
+#: status.failureHistory[].error: the most characters kept (api/repeated_error.ERROR_LIMIT).
+FAILURE_ERROR_LIMIT = 160
 FAILURE_MESSAGE_LIMIT = 512
 #: The most disruption times ``status.recentDisruptions`` holds (spec.MAX_DISRUPTIONS: the
 #: window never needs more than failurePolicy.maxDisruptions of them).
@@ -158,6 +160,10 @@ class FailureRecord(model.Record):
         "and started the next attempt's processes; the others were recreated) or Recreate (every "
         "pod deleted and created again). Empty: the failure ended the job.",
         default="", blank_is_unset=True, enum=contract.RESTART_MODES)
+    error: str = status_field(
+        "The Python exception the culprit's termination message names, where the failure was "
+        "an exit of the code's own before the attempt trained (what failurePolicy."
+        "repeatedErrorAttempts compares; api/repeated_error.py).", default="", blank_is_unset=True)
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,9 @@ class Goodput(model.Record):
         "Steps trained again after restarts: per resumed attempt, the highest step reported before "
         "less the step its first report resumed at (the steps since the last checkpoint).", default=0)
     highestStep: Optional[int] = status_field("The highest step any attempt reported (unset: none yet).")
+    firstStep: Optional[int] = status_field(
+        "The step of the job's first progress report: until a report goes past it, no step was "
+        "trained and the goodput claims no percentage (unset: none yet).")
     suggestedCheckpointIntervalSeconds: Optional[float] = status_field(
         "The checkpoint interval that would lose the least time at the failure rate seen so far "
         "(Young/Daly, from progress.checkpointSeconds and the job's running seconds per restart; "
@@ -467,7 +476,8 @@ def with_failure(status: JobStatus, record: FailureRecord) -> JobStatus:
     oldest entries beyond FAILURE_HISTORY_LIMIT dropped)."""
     record = replace(record, pod=shorten(record.pod, NODE_NAME_LIMIT), reason=shorten(record.reason, REASON_LIMIT),
                      nodeName=shorten(record.nodeName, NODE_NAME_LIMIT),
-                     message=shorten(record.message, FAILURE_MESSAGE_LIMIT))
+                     message=shorten(record.message, FAILURE_MESSAGE_LIMIT),
+                     error=shorten(record.error, FAILURE_ERROR_LIMIT))
     return replace(status, failureHistory=((record,) + status.failureHistory)[:FAILURE_HISTORY_LIMIT])
 
 

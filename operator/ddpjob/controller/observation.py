@@ -53,6 +53,7 @@ class PodView:
     running: bool = False  # the trainer container is running
     exit_code: Optional[int] = None
     finished_at: Optional[dt.datetime] = None
+    started_at: Optional[dt.datetime] = None  # the terminated container's startedAt
     terminated_reason: str = ""  # Error, OOMKilled, Completed, ...
     terminated_message: str = ""  # the termination message (or the log tail)
     pod_reason: str = ""  # status.reason: Evicted, Preempting, ...
@@ -146,6 +147,7 @@ def view_pod(pod: Mapping[str, Any]) -> Optional[PodView]:
         running="running" in state,
         exit_code=terminated.get("exitCode"),
         finished_at=parse_time(terminated.get("finishedAt")),
+        started_at=parse_time(terminated.get("startedAt")),
         terminated_reason=_text(terminated.get("reason")),
         terminated_message=truncate(_text(terminated.get("message")), FAILED_NODE_MESSAGE_LIMIT),
         pod_reason=_text(status.get("reason")),

@@ -24,12 +24,13 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ddpjob import contract
 from ddpjob.api import failure_policy
 from ddpjob.api import goodput
 from ddpjob.api import progress as progress_reports
+from ddpjob.api import repeated_error
 from ddpjob.api import spec as api
 from ddpjob.local import in_place
 from ddpjob.local.in_place import InPlaceGang
@@ -57,8 +58,10 @@ class AfterGang:
 
 
 def restart_or_fail(outcome: GangOutcome, *, restarts_done: int, spec: api.DDPJobSpec,
-                    job_name: str) -> AfterGang:
-    """Given how the gang ended, restart it or end the run with which exit code and message."""
+                    job_name: str, error: str = "", errors_before: Sequence[str] = ()) -> AfterGang:
+    """Given how the gang ended, restart it or end the run with which exit code and message.
+    ``error``: the attempt's error where it can be a deterministic one (``early_error``);
+    ``errors_before``: the earlier attempts', newest first."""
     if outcome.kind == "succeeded":
         after = f" after {restarts_done} restart{'s' * (restarts_done != 1)}" if restarts_done else ""
         return AfterGang(False, 0, f"job {job_name} succeeded: all {spec.nnodes} nodes exited 0{after}")
@@ -84,11 +87,28 @@ def restart_or_fail(outcome: GangOutcome, *, restarts_done: int, spec: api.DDPJo
     what = f"node {outcome.node_rank} exited {code}"
     if ruling.reason == failure_policy.PERMANENT:
         return AfterGang(False, code, f"{what} ({meaning}, permanent); job {job_name} failed")
+    attempts = spec.failurePolicy.repeatedErrorAttempts
+    if repeated_error.repeated(error, errors_before, attempts):
+        said = repeated_error.words(error, attempts, restarts_done - attempts + 1)
+        return AfterGang(False, code, f"{what} ({meaning}); {said}; a restart cannot fix this "
+                        f"(failurePolicy.repeatedErrorAttempts: {attempts}); job {job_name} failed")
     if ruling.reason == failure_policy.BUDGET_SPENT:
         return AfterGang(False, code, f"{what} ({meaning}, retryable) but the restart budget "
                         f"(maxRestarts {ruling.budget}) is spent; job {job_name} failed")
     return AfterGang(True, code, f"{what} ({meaning}, retryable); restarting the gang "
                     f"(restart {ruling.restarts_after}/{ruling.budget})")
+
+
+def early_error(outcome: GangOutcome, message: str, accounting: "RunAccounting", seconds: float) -> str:
+    """The error a failed attempt names where it can be a deterministic one (as the operator's
+    controller/policy/failure.early_error): an exit of the code's own before it trained."""
+    if outcome.kind != "failed" or not repeated_error.counts(outcome.exit_code):
+        return ""
+    error = repeated_error.error_of(message)
+    early = repeated_error.failed_before_training(reported=accounting.attempt_reported,
+                                                  ever_reported=accounting.reported_before,
+                                                  seconds_since_start=seconds)
+    return error if early else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,6 +160,8 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
     directory = ""
     try:
         restarts_done = 0
+        errors: list[str] = []  # each attempt's (early_error), newest first
+        started = time.monotonic()
         while True:
             if gang is None and not stop.requested:
                 gang, nodes, directory = _start_gang(job, setup, workdir, environ, console, stop, restarts_done)
@@ -151,11 +173,14 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
                 outcome = gang.wait(deadline=deadline, failure=failure,
                                     watch=accounting.watching(directory, stall_watch(job, directory, restarts_done)))
             accounting.progress(directory)  # what the gang reported last
-            decision = restart_or_fail(outcome, restarts_done=restarts_done, spec=spec, job_name=job.name)
+            message = ""
             if outcome.kind == "failed":
                 message = _read_termination_message(termination_log_path(setup, outcome.node_rank))
                 if message:
                     console.note(f"node {outcome.node_rank} termination message: {message}")
+            error = early_error(outcome, message or outcome.message, accounting, time.monotonic() - started)
+            decision = restart_or_fail(outcome, restarts_done=restarts_done, spec=spec, job_name=job.name,
+                                       error=error, errors_before=errors)
             console.note(decision.message)
             if not decision.restart:
                 if gang is not None:
@@ -163,6 +188,8 @@ def supervise(job: api.DDPJob, setup: LocalSetup, workdir: str, environ: Mapping
                 console.note(f"goodput: {accounting.finish()}")
                 return decision.exit_code
             restarts_done += 1
+            errors.insert(0, error)
+            started = time.monotonic()
             accounting.restarted(restarts_done)
             assert gang is not None
             if _restarted_in_place(outcome, nodes, restarts_done, directory, console):
@@ -228,6 +255,8 @@ class RunAccounting:
         self.figures: Optional[goodput.Goodput] = None
         self.restarts = 0
         self.reported = False
+        self.attempt_reported = False  # this attempt's ranks have reported
+        self.reported_before = False  # an earlier attempt's had
 
     def look(self, **seen: Any) -> None:
         moment = goodput.Moment(ever_reported=self.reported, restarts=self.restarts, **seen)
@@ -237,7 +266,7 @@ class RunAccounting:
         """This attempt's reports: the furthest rank's step, once there is one."""
         reports = progress_reports.parse_answer({"ranks": contract.read_progress_reports(directory)}, self.clock())
         if reports:
-            self.reported = True
+            self.reported = self.attempt_reported = True
             self.look(running=True, step=max(r.step for r in reports.values()))
 
     def watching(self, directory: str, stall: Optional[Callable[[], Optional[tuple[int, str]]]]
@@ -251,6 +280,7 @@ class RunAccounting:
 
     def restarted(self, restarts: int) -> None:
         self.restarts = restarts
+        self.reported_before, self.attempt_reported = self.reported, False
         self.look(restarting=True)
 
     def finish(self) -> str:

@@ -1,5 +1,6 @@
 """Run at the start of every Python process the pod entry point (ddptrain-pod) starts: it puts
-this folder first on PYTHONPATH. Installs the init guard (ddptrainer.init_guard), registers the
+this folder first on PYTHONPATH. Installs the init guard (ddptrainer.init_guard), the hook
+that leaves an uncaught exception's line for the entry point (ddptrainer.uncaught), registers the
 stack dump the operator asks for before restarting a stall (ddptrainer.stacks: only when the
 entry point set DDPJOB_STACKS_DIR; a SIGUSR1 handler the program installs later wins), then runs
 the sitecustomize this one hides, if the image has one. Never fails the process."""
@@ -16,6 +17,15 @@ def _install_guard() -> None:
         init_guard.install_when_imported()
     except Exception as error:  # noqa: BLE001 - a missing guard must not stop the training
         sys.stderr.write(f"ddptrain-pod: init guard: warning: not installed: {error}\n")
+
+
+def _leave_uncaught_errors() -> None:
+    try:
+        from ddptrainer import uncaught
+
+        uncaught.install()
+    except Exception as error:  # noqa: BLE001 - a missing summary must not stop the training
+        sys.stderr.write(f"ddptrain-pod: uncaught errors: warning: not installed: {error}\n")
 
 
 def _register_stacks() -> None:
@@ -43,5 +53,6 @@ def _run_hidden_sitecustomize() -> None:
 
 
 _install_guard()
+_leave_uncaught_errors()
 _register_stacks()
 _run_hidden_sitecustomize()

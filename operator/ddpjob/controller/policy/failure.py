@@ -10,11 +10,11 @@ from dataclasses import replace
 from typing import Optional, Sequence
 
 from ddpjob import contract
-from ddpjob.api import failure_policy, node_exclusion, spec
+from ddpjob.api import failure_policy, node_exclusion, repeated_error, spec
 from ddpjob.api.failure_policy import NodeFailure
 from ddpjob.api.status import (
     FAILED_NODE_MESSAGE_LIMIT, REASON_LIMIT, RESTARTING, DISRUPTION, FailedNode, FailureRecord,
-    JobStatus, disruptions_within, format_time, shorten, truncate, with_disruption, with_failure,
+    JobStatus, disruptions_within, format_time, parse_time, shorten, truncate, with_disruption, with_failure,
     with_phase
 )
 from ddpjob.controller.observation import DETAIL_LIMIT, MISSING, POD_FAILED, POD_SUCCEEDED, PodView
@@ -94,7 +94,7 @@ def failure_of(job: spec.DDPJob, p: PodView) -> Optional[NodeFailure]:
         message = p.terminated_message or p.pod_message or detail
         return NodeFailure(node_rank=p.node_rank, exit_code=code, reason=reason,
                            at=p.finished_at or p.deletion_at, pod=p.name, message=message,
-                           disruption=disruption, node=p.node_name)
+                           disruption=disruption, node=p.node_name, started_at=p.started_at)
     if p.deleting and p.phase != POD_SUCCEEDED:
         # Deleted from under the job (a user, a drain, taint-based eviction of a lost node):
         # the rank is gone, and its peers will hang until the gang restarts.
@@ -148,6 +148,39 @@ def _restarts_done(status: JobStatus, restarted_by_kubelet: Sequence[PodView]) -
                                       "since the operator last accounted for it, each counted as a restart")
 
 
+def early_error(status: JobStatus, failure: NodeFailure, reported: bool, now: dt.datetime) -> str:
+    """The error ``failure`` names, where it can be a deterministic one (api/repeated_error.py):
+    an exit of the code's own before the attempt trained; else ""."""
+    if failure.disruption or not repeated_error.counts(failure.exit_code):
+        return ""
+    error = repeated_error.error_of(failure.message)
+    if not error:
+        return ""
+    progress = status.progress
+    trained = reported or (progress is not None and progress.attempt == status.restartAttempt)
+    # The attempt started when its container did, or (restarted in place, in the same
+    # container) when the failure before it was seen.
+    last = status.failureHistory[0] if status.failureHistory else None
+    starts = [failure.started_at, parse_time(last.time) if last and last.attempt == status.restartAttempt - 1 else None]
+    start = max((s for s in starts if s is not None), default=None)
+    seconds = ((failure.at or now) - start).total_seconds() if start is not None else None
+    early = repeated_error.failed_before_training(reported=trained, ever_reported=progress is not None,
+                                                  seconds_since_start=seconds)
+    return error if early else ""
+
+
+def errors_before(status: JobStatus) -> list[str]:
+    """The errors of the attempts just before the current one, newest first, while the history
+    has one failure per attempt in a row."""
+    errors, attempt = [], status.restartAttempt - 1
+    for record in status.failureHistory:
+        if record.attempt != attempt:
+            break
+        errors.append(record.error)
+        attempt -= 1
+    return errors
+
+
 def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
                 failures: list[NodeFailure], restart_reason: Optional[str] = None,
                 reported: bool = False, restarted_by_kubelet: tuple[PodView, ...] = ()) -> Plan:
@@ -159,6 +192,10 @@ def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now
     ruling = failure_policy.verdict(failures, restarts_done=restarts_done, policy=policy,
                                     recent_disruptions=len(window))
     first = ruling.cause
+    error = early_error(status, first, reported, now) if ruling.kind != DISRUPTION and not ruling.permanent else ""
+    again = repeated_error.repeated(error, errors_before(status), policy.repeatedErrorAttempts)
+    if again:
+        ruling = replace(ruling, restart=False, reason=repeated_error.REPEATED_ERROR)
     keep = restartable_in_place(job, status, pods, reported) if ruling.restart else ()
     by_kubelet = (ruling.restart and bool(restarted_by_kubelet) and spec.kubelet_restarts_in_place(job.spec)
                   and not failed_before_training_in_place(status, reported))
@@ -168,7 +205,7 @@ def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now
         contract.RESTART_MODE_IN_PLACE if keep or by_kubelet else contract.RESTART_MODE_RECREATE)
     # The culprit goes into the history whatever comes next (restart or failure).
     recorded = with_failure(replace(status, recentDisruptions=window),
-                            replace(_failure_record(first, status, now), restartMode=mode))
+                            replace(_failure_record(first, status, now), restartMode=mode, error=error))
     # A node implicated often enough is avoided from the next attempt on (api/node_exclusion.py).
     status = node_exclusion.with_exclusions(recorded, policy, now)
     excluded = tuple(Event("Warning", "NodeExcluded", f"The next pods avoid node {n.nodeName}: {n.message}")
@@ -176,6 +213,12 @@ def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now
     if ruling.reason == failure_policy.PERMANENT:
         return fail_job(job, recorded, pods, now, ruling.reason,
                      f"{_describe(first)}: a restart cannot fix this", _failed_node(first))
+    if again:
+        attempts = policy.repeatedErrorAttempts
+        said = repeated_error.words(error, attempts, status.restartAttempt - attempts + 1)
+        return fail_job(job, recorded, pods, now, ruling.reason,
+                        f"{_describe(first)}; {said}; a restart cannot fix this "
+                        f"(failurePolicy.repeatedErrorAttempts: {attempts})", _failed_node(first))
     if ruling.reason in (failure_policy.BUDGET_SPENT, failure_policy.DISRUPTION_BUDGET_SPENT):
         return fail_job(job, replace(recorded, restarts=restarts_done), pods, now, ruling.reason,
                         f"{_describe(first)}{counted} and the {ruling.budget_words(policy)} is spent",
