@@ -92,6 +92,12 @@ def test_readme_main_job_runs(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "[node-0]" in result.stdout and "[node-1]" in result.stdout
     assert "succeeded" in result.stderr
+    # A healthy run says nothing alarming (issue 36, item 6): no refused connection while node 0
+    # imports torch, no torchrun thread warning, no exit-barrier error from the nodes that
+    # finish after node 0 (pytorch/pytorch#69520).
+    everything = result.stdout + result.stderr
+    for noise in ("Connection refused", "OMP_NUM_THREADS", "Error waiting on exit barrier", "Traceback"):
+        assert noise not in everything, (noise, everything[-4000:])
 
 
 TRAINER_ARGS = ["--model", "tiny-cnn", "--dataset", "fake", "--fake-size", "128", "--image-size", "16",

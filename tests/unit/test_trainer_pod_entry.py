@@ -125,6 +125,22 @@ def test_wait_gives_up_after_the_bound_and_logs_sparingly():
     assert all("waiting for master 127.0.0.1" in line for line in logged)
 
 
+def test_a_master_up_within_seconds_is_no_news():
+    """Node 0 importing torch for a second or two: no "Connection refused" line (issue 36)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        now, logged = [0.0], []
+
+        def sleep(seconds):
+            now[0] += seconds
+            if now[0] >= 1.5:
+                s.listen()
+
+        wait_for_master("127.0.0.1", port, 60, logged.append, clock=lambda: now[0], sleep=sleep)
+    assert len(logged) == 1 and logged[0].startswith(f"master 127.0.0.1:{port} reachable"), logged
+
+
 def test_unresolvable_name_is_reported_as_such():
     with pytest.raises(MasterUnreachable, match="does not resolve"):
         wait_for_master("nosuchhost.invalid", 1, 0.1, lambda m: None)

@@ -57,7 +57,7 @@ from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
 from ddpjob import contract
 from ddpjob.contract import ExitCode
 
-from . import init_guard, report, summary, warm_start
+from . import init_guard, report, summary, threads, warm_start
 from .rendezvous_wait import MasterUnreachable, resolve_address, wait_for_master, wait_for_master_attempt
 from .restart_control import (EntryControl, RestartSettings, clear_progress, progress_reported,
                               read_restart_settings, stopper)
@@ -343,11 +343,13 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
             restart = read_restart_settings(env, _log)
         except BadInteger as e:
             raise PodUsageError(str(e)) from None
+        threads_set = _set_worker_threads(pod, node.nproc_per_node, env)
         _log(f"node_rank={node.node_rank} nnodes={node.nnodes} nproc_per_node="
              f"{node.nproc_per_node} master={node.master_addr or 'localhost'}:"
              f"{node.master_port} rendezvous_timeout={node.rendezvous_timeout_seconds}s "
              f"run={pod.kind}:{pod.target} launcher={pod.launcher}"
              + (f" local_rank_flag={pod.local_rank_flag}" if pod.local_rank_flag else "")
+             + (f" omp_threads={threads_set}" if threads_set else "")
              + (f" restart=InPlace wait={restart.wait_seconds}s grace={restart.grace_seconds}s"
                 if restart else ""))
         mismatch = contract_mismatch(env)
@@ -370,6 +372,19 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         _log(message)
     _write_termination(pod, node_rank, env, code, message)
     return code
+
+
+def _set_worker_threads(pod: PodArgs, nproc_per_node: str, env: Mapping[str, str]) -> Optional[int]:
+    """OMP_NUM_THREADS for torchrun's workers where the job did not set it: the pod's CPUs
+    shared among them (ddptrainer/threads.py; torchrun would warn and set 1). A script that
+    spawns its own processes (launcher spawn), or a count torchrun picks (auto, gpu), is left
+    as it was."""
+    if (pod.launcher == contract.LAUNCHER_SPAWN or not nproc_per_node.isdigit()
+            or threads.OMP_NUM_THREADS in env or threads.OMP_NUM_THREADS in os.environ):
+        return None
+    count = threads.per_worker(int(nproc_per_node))
+    os.environ[threads.OMP_NUM_THREADS] = str(count)
+    return count
 
 
 def _write_termination(pod: Optional[PodArgs], node_rank: int, env: Mapping[str, str],
@@ -637,6 +652,30 @@ def _run_once(pod: PodArgs, node: NodeEnv, summary_dir: Optional[str],
     return code, message
 
 
+#: How long node 0's agent keeps its store up once every node has passed torchrun's exit barrier.
+EXIT_BARRIER_LINGER_SECONDS = 2.0
+
+
+def _keep_the_store_after_the_exit_barrier() -> None:
+    """Node 0's torchrun agent hosts the store; once the last node arrives at the exit barrier
+    it returns and closes the store while the other agents may still be reading the barrier's
+    key, and a healthy run ends with "Error waiting on exit barrier" and a screen of C++
+    frames on those nodes (pytorch/pytorch#69520, open). Its agent now waits a moment after the
+    barrier, the store still up. Where torch's agent has no such method, nothing changes."""
+    from torch.distributed.elastic.agent.server import api
+
+    barrier = getattr(api.SimpleElasticAgent, "_exit_barrier", None)
+    if barrier is None or getattr(barrier, "ddptrainer_lingers", False):
+        return
+
+    def exit_barrier_then_linger(self: Any) -> None:
+        barrier(self)
+        time.sleep(EXIT_BARRIER_LINGER_SECONDS)
+
+    exit_barrier_then_linger.ddptrainer_lingers = True  # type: ignore[attr-defined]
+    api.SimpleElasticAgent._exit_barrier = exit_barrier_then_linger  # type: ignore[method-assign]
+
+
 def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
                   summary_dir: Optional[str],
                   control: Optional[EntryControl] = None,
@@ -653,6 +692,8 @@ def _run_torchrun(pod: PodArgs, node: NodeEnv, env: Mapping[str, str],
         return summary.read_endings(summary_dir)
 
     args = torchrun.parse_args(torchrun_argv(pod, node, env, warm))
+    if node.node_rank == 0 and node.nnodes > 1:
+        _keep_the_store_after_the_exit_barrier()
     started = time.monotonic()
     try:
         torchrun.run(args)

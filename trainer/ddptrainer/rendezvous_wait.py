@@ -58,7 +58,7 @@ def probe(host: str, port: int, connect_timeout: float) -> tuple[Optional[str], 
 def wait_for_master(host: str, port: int, timeout_seconds: float,
                     log: Callable[[str], None] = print, *, connect_timeout: float = 2.0,
                     first_interval: float = 0.5, max_interval: float = 5.0,
-                    log_every_seconds: float = 15.0,
+                    log_every_seconds: float = 15.0, quiet_seconds: float = 5.0,
                     clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> WaitResult:
     """Return once ``host:port`` accepts a TCP connection; MasterUnreachable after the bound."""
@@ -77,9 +77,12 @@ def wait_for_master(host: str, port: int, timeout_seconds: float,
                 log(f"master {host}:{port} reachable at {address} after {now - start:.1f}s "
                     f"({attempts} attempts)")
             return WaitResult(address=address, seconds=now - start, attempts=attempts)
-        # Log the first failure, a change of reason, and then every log_every_seconds.
-        if (last_logged is None or problem != last_problem
-                or now - last_logged >= log_every_seconds):
+        # Log the first failure, a change of reason, and then every log_every_seconds; but not
+        # in the first quiet_seconds (node 0 importing torch is no news: a healthy start prints
+        # only "reachable after 1.5s"), unless the bound is reached first.
+        patient = now - start < quiet_seconds and now < deadline
+        if not patient and (last_logged is None or problem != last_problem
+                            or now - last_logged >= log_every_seconds):
             log(f"waiting for master {host}:{port}: {problem} "
                 f"({now - start:.0f}s of {timeout_seconds:.0f}s)")
             last_logged = now
