@@ -36,3 +36,26 @@ def test_dry_run_of_a_two_file_folder_validates_and_trains_under_ddpjob_run(tmp_
     assert "configMap volume 'code' written from ConfigMap 'my-project-code'" in result.stderr
     for rank in range(4):
         assert f"rank {rank}/4 ok steps=3" in result.stdout, result.stdout
+
+
+def test_a_launch_era_script_submitted_as_is_runs_with_its_flag_and_environment(tmp_path):
+    """Issue 36, item 3: a torch.distributed.launch script (argparse --local_rank, required)
+    submitted with no flag about it gets localRankFlag, and --env reaches every process."""
+    script = tmp_path / "launch_era.py"
+    script.write_text(
+        "import argparse, os\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--local_rank', type=int, required=True)\n"
+        "args = parser.parse_args()\n"
+        "assert args.local_rank == int(os.environ['LOCAL_RANK'])\n"
+        "print('rank', os.environ['RANK'], 'local_rank', args.local_rank, 'greeting', os.environ['GREETING'], flush=True)\n")
+    printed = ddpjob("submit", str(script), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
+                     "--env", "GREETING=hello", "--dry-run", timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    assert "launch_era.py defines --local_rank" in printed.stderr
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(printed.stdout)
+    result = ddpjob("run", "-f", str(manifest))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(2):
+        assert f"rank {rank} local_rank {rank} greeting hello" in result.stdout, result.stdout

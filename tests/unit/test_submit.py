@@ -111,6 +111,14 @@ def test_binary_files_are_refused_with_the_way_out(project):
     (["--name", "Bad_Name"], "--name (metadata.name)"),
     (["--entry", "missing.py"], "--entry missing.py: not a file of"),
     (["--device", "gpu", "--nproc-per-node", "65"], "--nproc-per-node (spec.nprocPerNode)"),
+    (["--cpu", "lots"], "--cpu (spec.resources.requests.cpu)"),
+    (["--memory", "16 GB"], "--memory (spec.resources"),
+    (["--env", "NOEQUALS"], "--env 'NOEQUALS': expected NAME=VALUE"),
+    (["--env", "1X=2"], "--env '1X=2': expected NAME=VALUE"),
+    (["--env", "MASTER_ADDR=x"], "--env (spec.env"),
+    (["--gpus", "0"], "--gpus 0: must be at least 1"),
+    (["--gpus", "4", "--device", "cpu"], "--gpus 4 and --device cpu disagree"),
+    (["--gpus", "4", "--nproc-per-node", "2"], "--gpus 4 and --nproc-per-node 2 disagree"),
 ])
 def test_bad_flags_name_the_flag(project, argv, needle):
     code, out, err = submit_dry_run(str(project), *argv)
@@ -157,3 +165,48 @@ def test_help_does_not_load_the_kubernetes_client():
             "print('kubernetes' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# --- the knobs users reach for (issue 36, item 3) -------------------------------------------------
+def job_of(out: str) -> dict:
+    return list(yaml.safe_load_all(out))[-1]
+
+
+def test_env_cpu_memory_and_gpus_reach_the_ddpjob_and_validate(project):
+    code, out, err = submit_dry_run(str(project / "train.py"), "--gpus", "8", "--nnodes", "2", "--cpu", "16",
+                                    "--memory", "64Gi", "--env", "NCCL_DEBUG=INFO", "--env", "EMPTY=",
+                                    "--env", "URL=http://x/?a=b")
+    assert code == 0, err
+    spec = job_of(out)["spec"]
+    assert (spec["device"], spec["nprocPerNode"], spec["nnodes"]) == ("gpu", 8, 2)
+    assert spec["resources"] == {"requests": {"cpu": "16", "memory": "64Gi"}, "limits": {"memory": "64Gi"}}
+    assert spec["env"] == [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "EMPTY", "value": ""},
+                           {"name": "URL", "value": "http://x/?a=b"}]
+    parse_ddpjob(job_of(out))  # what the API server will be sent validates
+
+
+def test_no_knob_no_field(project):
+    spec = job_of(submit_dry_run(str(project / "train.py"))[1])["spec"]
+    assert not {"env", "resources", "localRankFlag"} & set(spec) and (spec["device"], spec["nprocPerNode"]) == ("cpu", 1)
+
+
+LAUNCH_ERA = """import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int)
+args = parser.parse_args()
+"""
+
+
+def test_a_launch_era_script_gets_its_local_rank_flag_and_is_told(tmp_path):
+    script = tmp_path / "old.py"
+    script.write_text(LAUNCH_ERA)
+    code, out, err = submit_dry_run(str(script))
+    assert code == 0, err
+    assert job_of(out)["spec"]["localRankFlag"] == "--local_rank"
+    assert "old.py defines --local_rank: each process gets --local_rank=N" in err
+    dashed = tmp_path / "new.py"
+    dashed.write_text(LAUNCH_ERA.replace("--local_rank", "--local-rank"))
+    assert job_of(submit_dry_run(str(dashed))[1])["spec"]["localRankFlag"] == "--local-rank"
+    assert "localRankFlag" not in job_of(submit_dry_run(str(script), "--local-rank-flag", "none")[1])["spec"]
+    code, out, err = submit_dry_run(str(script), "--launcher", "spawn")
+    assert code == 2 and "which only --launcher torchrun passes" in err and out == ""

@@ -16,16 +16,18 @@ a regular file is refused, and so is a private key; files that look like secrets
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any, Optional, TextIO
 
 import yaml
 
+from ddpjob import contract
 from ddpjob.api.validation import validate_ddpjob
 from ddpjob.client.code_package import PackageError, read_package
 from ddpjob.client.job_table import RESOURCE
 from ddpjob.client.submission import (DEFAULT_IMAGE, DEFAULT_MOUNT_PATH, LABEL_SUBMITTED_CODE, LAUNCH_MODES,
-                                      SubmitOptions, build_manifests, job_name_from)
+                                      SubmitOptions, build_manifests, job_name_from, local_rank_flag_of)
 from ddpjob.client.user_defaults import CONFIG_ENV, IMAGE_ENV, default_image
 
 EXIT_OK = 0
@@ -35,7 +37,12 @@ EXIT_INVALID = 2  # bad flags or code that cannot travel as a ConfigMap
 # A problem on a spec field is reported with the flag that set it.
 FLAG_OF_FIELD = {"metadata.name": "--name", "metadata.namespace": "--namespace", "spec.nnodes": "--nnodes",
                  "spec.nprocPerNode": "--nproc-per-node", "spec.device": "--device", "spec.image": "--image",
-                 "spec.volumeMounts": "--mount-path", "spec.failurePolicy.maxRestarts": "--max-restarts"}
+                 "spec.volumeMounts": "--mount-path", "spec.failurePolicy.maxRestarts": "--max-restarts",
+                 "spec.env": "--env", "spec.resources.requests.cpu": "--cpu",
+                 "spec.resources.requests.memory": "--memory", "spec.resources.limits.memory": "--memory",
+                 "spec.localRankFlag": "--local-rank-flag"}
+#: --local-rank-flag's word for "do not pass one, even where the script defines it".
+NO_LOCAL_RANK_FLAG = "none"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -53,9 +60,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "Succeeded, 1 Failed, 3 it could no longer be read. See docs/submit.md.")
     parser.add_argument("path", metavar="PATH", help="your script, or a folder of code (every text file in it)")
     parser.add_argument("--nnodes", type=int, default=1, metavar="N", help="pods (nodes) (default: %(default)s)")
-    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
-                        help="training processes per pod; with --device gpu, GPUs per pod (default: %(default)s)")
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="cpu (gloo) or gpu (NCCL) (default: cpu)")
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help="training processes per pod; with --device gpu, GPUs per pod (default: 1)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=None, help="cpu (gloo) or gpu (NCCL) (default: cpu)")
     parser.add_argument("--image", default=None,
                         help="image of the pods: it needs Python, torch and what your code imports "
                         f"(default: ${IMAGE_ENV}, else image: in ~/.config/ddpjob/config.yaml or "
@@ -75,6 +82,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "copies of the script, with the init guard; spawn: it starts the script once "
                         "and the script spawns its processes (mp.spawn); torchrun-command: plain "
                         "`torchrun SCRIPT` as the command, for an image with torch but without ddpjob")
+    parser.add_argument("--gpus", type=int, metavar="N",
+                        help="GPUs per pod: --device gpu --nproc-per-node N (one process per GPU)")
+    parser.add_argument("--cpu", metavar="QUANTITY",
+                        help="CPUs each pod requests, e.g. 4 or 500m (no CPU limit: it would throttle training)")
+    parser.add_argument("--memory", metavar="QUANTITY",
+                        help="memory each pod requests and may use, e.g. 16Gi (request = limit)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable of the training processes (repeatable); for a "
+                        "secret, use spec.env valueFrom in a manifest (--dry-run), not a value here")
+    parser.add_argument("--local-rank-flag", choices=(*contract.LOCAL_RANK_FLAGS, NO_LOCAL_RANK_FLAG),
+                        help="pass --local_rank=N (or --local-rank=N) to each process, as "
+                        "torch.distributed.launch did (default: the one the entry script's argparse "
+                        "defines, if any; none: never)")
     parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, metavar="DIR",
                         help="where the code appears in the pods (default: %(default)s)")
     parser.add_argument("--max-restarts", type=int, metavar="N",
@@ -98,15 +118,64 @@ def manifests_from_args(args: argparse.Namespace, err: Optional[TextIO] = None) 
     package = read_package(args.path, entry=args.entry, exclude=args.exclude)
     for line in package.warnings:
         print(f"ddpjob submit: warning: {line}", file=err or sys.stderr)
+    device, nproc_per_node = _device_and_processes(args)
+    env = tuple(_env_pair(item) for item in args.env)
+    flag = _local_rank_flag(args, package, err or sys.stderr)
     options = SubmitOptions(
         name=args.name or job_name_from(args.path), namespace=args.namespace, nnodes=args.nnodes,
-        nproc_per_node=args.nproc_per_node, device=args.device, image=image, launch=args.launcher,
-        script_args=tuple(args.script_args), mount_path=args.mount_path, max_restarts=args.max_restarts)
+        nproc_per_node=nproc_per_node, device=device, image=image, launch=args.launcher,
+        script_args=tuple(args.script_args), mount_path=args.mount_path, max_restarts=args.max_restarts,
+        env=env, cpu=args.cpu, memory=args.memory, local_rank_flag=flag)
     manifests = build_manifests(options, package)
     problems = validate_ddpjob(manifests[-1])
     if problems:
         raise ValueError("\n".join(_in_flag_terms(str(p.path), p.message) for p in problems))
     return manifests
+
+
+def _device_and_processes(args: argparse.Namespace) -> tuple[str, int]:
+    """--gpus N is --device gpu --nproc-per-node N; a flag that says otherwise is an error."""
+    if args.gpus is None:
+        return args.device or "cpu", 1 if args.nproc_per_node is None else args.nproc_per_node
+    if args.gpus < 1:
+        raise ValueError(f"--gpus {args.gpus}: must be at least 1 (for CPU training, leave --gpus out)")
+    if args.device == "cpu":
+        raise ValueError(f"--gpus {args.gpus} and --device cpu disagree: leave one out")
+    if args.nproc_per_node is not None and args.nproc_per_node != args.gpus:
+        raise ValueError(f"--gpus {args.gpus} and --nproc-per-node {args.nproc_per_node} disagree: one "
+                         "process per GPU, so give one of them")
+    return "gpu", args.gpus
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+def _env_pair(item: str) -> tuple[str, str]:
+    name, equals, value = item.partition("=")
+    if not equals or not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"--env {item!r}: expected NAME=VALUE (a name of letters, digits, _, . and -, "
+                         "not starting with a digit)")
+    return name, value
+
+
+def _local_rank_flag(args: argparse.Namespace, package: Any, err: TextIO) -> Optional[str]:
+    """The flag given, else the one the entry script defines (said on ``err``), else none. A
+    launch-era script run without it stops at its argparse ("the following arguments are
+    required: --local_rank") on every rank."""
+    if args.local_rank_flag == NO_LOCAL_RANK_FLAG:
+        return None
+    if args.local_rank_flag:
+        return args.local_rank_flag
+    found = local_rank_flag_of(package.files.get(package.entry, ""))
+    if found is None:
+        return None
+    if args.launcher != "torchrun":
+        raise ValueError(f"{package.entry} defines {found} (torch.distributed.launch style), which only "
+                         "--launcher torchrun passes; use it, or --local-rank-flag none if the script "
+                         "does not need the flag")
+    print(f"ddpjob submit: {package.entry} defines {found}: each process gets {found}=N, as "
+          f"torch.distributed.launch passed it (spec.localRankFlag; --local-rank-flag none: not)", file=err)
+    return found
 
 
 class _CodeDumper(yaml.SafeDumper):
@@ -124,7 +193,7 @@ def manifests_yaml(manifests: list[dict]) -> str:
 
 def _in_flag_terms(path: str, message: str) -> str:
     for field, flag in FLAG_OF_FIELD.items():
-        if path == field or path.startswith(field + "."):
+        if path == field or path.startswith((field + ".", field + "[")):
             return f"{flag} ({path}): {message}"
     return f"{path}: {message}"
 

@@ -33,6 +33,21 @@ class SubmitOptions:
     script_args: Sequence[str] = ()
     mount_path: str = DEFAULT_MOUNT_PATH
     max_restarts: int | None = None
+    env: Sequence[tuple[str, str]] = ()  # (name, value), in order
+    cpu: str | None = None  # requests.cpu (no CPU limit: a limit throttles the training)
+    memory: str | None = None  # requests and limits: the pod is not evicted for using what it asked
+    local_rank_flag: str | None = None  # spec.localRankFlag: the launch-era flag the script reads
+
+
+#: ``parser.add_argument("--local_rank", ...)``: a script of the torch.distributed.launch era,
+#: which needs the flag passed (spec.localRankFlag).
+_LOCAL_RANK_ARGUMENT = re.compile(r"""add_argument\(\s*['"](--local[_-]rank)['"]""")
+
+
+def local_rank_flag_of(source: str) -> str | None:
+    """The local-rank flag a script's argparse defines (--local_rank or --local-rank), if any."""
+    found = _LOCAL_RANK_ARGUMENT.search(source)
+    return found.group(1) if found else None
 
 
 def job_name_from(path: str) -> str:
@@ -62,6 +77,18 @@ def build_ddpjob(options: SubmitOptions, package: CodePackage) -> dict[str, Any]
         body["args"] = ["--script", script, *options.script_args]
     body["volumeMounts"] = [{"name": CODE_VOLUME, "mountPath": options.mount_path, "readOnly": True}]
     body["template"] = {"spec": {"volumes": [build_volume(package, CODE_VOLUME, configmap_name(options.name))]}}
+    if options.local_rank_flag and options.launch == contract.LAUNCHER_TORCHRUN:
+        body["localRankFlag"] = options.local_rank_flag
+    if options.env:
+        body["env"] = [{"name": name, "value": value} for name, value in options.env]
+    resources: dict[str, dict[str, str]] = {}
+    if options.cpu is not None:
+        resources.setdefault("requests", {})["cpu"] = options.cpu
+    if options.memory is not None:
+        resources.setdefault("requests", {})["memory"] = options.memory
+        resources.setdefault("limits", {})["memory"] = options.memory
+    if resources:
+        body["resources"] = resources
     if options.max_restarts is not None:
         body["failurePolicy"] = {"maxRestarts": options.max_restarts}
     return {"apiVersion": names.GROUP_VERSION, "kind": names.KIND,
