@@ -45,6 +45,9 @@ BAD = [
     (["--dataset", "mnist", "--image-size", "28"], "--image-size", "only for --dataset fake"),
     (["--dataset", "cifar10", "--fake-size", "9"], "--fake-size", "only for --dataset fake"),
     (["--dataset", "mnist", "--num-classes", "3"], "--num-classes", "only for --dataset fake"),
+    (["--dataset", "mnist", "--fake-signal", "0.5"], "--fake-signal", "only for --dataset fake"),
+    (["--fake-signal", "1.5"], "--fake-signal", "1"),
+    (["--fake-signal", "-0.1"], "--fake-signal", "0"),
     (["--eval-every", "-1"], "--eval-every", ">= 0"),
     (["--no-such-flag"], "unrecognized arguments", "--no-such-flag"),
 ]
@@ -139,3 +142,25 @@ def test_a_rank_without_a_gpu_of_its_own_says_so_whatever_its_local_rank(local_r
     assert err.strip() == (f"ddptrain: error: rank 3: --device: LOCAL_RANK {local_rank} has no GPU: "
                            f"{local_rank} visible (one GPU per process: nprocPerNode must not exceed "
                            "the GPUs per node)"), err
+
+
+def test_fake_signal_makes_the_label_a_function_of_the_image():
+    """--fake-signal (issue 36: the example's loss went from 2.31 to 2.29, chance level): the
+    images of one class share its colour, so the mean colour tells the class apart."""
+    import torch
+
+    from ddptrainer.config import parse_config
+    from ddptrainer.data import ClassTinted, _build
+
+    plain = _build(parse_config(["--fake-size", "200", "--image-size", "8"]), download=False)
+    tinted = _build(parse_config(["--fake-size", "200", "--image-size", "8", "--fake-signal", "0.5"]), download=False)
+    assert not isinstance(plain, ClassTinted) and isinstance(tinted, ClassTinted) and len(tinted) == 200
+    image, target = tinted[3]
+    assert torch.allclose(image - plain[3][0], tinted.tints[target].expand_as(image), atol=1e-6) and target == plain[3][1]
+    # nearest class colour from the mean colour: far better than chance (10%)
+    hits = 0
+    for index in range(200):
+        image, target = tinted[index]
+        colour = image.mean(dim=(1, 2)) - 0.5
+        hits += int(torch.argmin(((tinted.tints.view(-1, 3) - colour) ** 2).sum(1))) == target
+    assert hits > 100

@@ -56,6 +56,9 @@ class TrainConfig:
     """FakeData: images are 3 x image_size x image_size."""
     num_classes: int = FAKE_DEFAULT_CLASSES
     """FakeData: number of classes (MNIST and CIFAR-10 have 10)."""
+    fake_signal: float = 0.0
+    """FakeData: each image gets its class's colour added, this strong (0 to 1): its random
+    labels become learnable, so the loss falls (0: torchvision's FakeData as it is)."""
     batch_size: int = 64
     """Samples per step per rank."""
     epochs: int = 1
@@ -125,6 +128,7 @@ class TrainConfig:
         _int_range("--fake-size", self.fake_size, 1)
         _int_range("--image-size", self.image_size, 8, 1024)
         _int_range("--num-classes", self.num_classes, 2, 100_000)
+        _float_range("--fake-signal", self.fake_signal, low=0.0, high=1.0)
         _int_range("--batch-size", self.batch_size, 1, 65_536)
         _int_range("--epochs", self.epochs, 1)
         _int_range("--max-steps", self.max_steps, 0)
@@ -218,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"FakeData image side (default {FAKE_DEFAULT_IMAGE_SIZE})")
     g.add_argument("--num-classes", type=num,
                    help=f"FakeData classes (default {FAKE_DEFAULT_CLASSES})")
+    g.add_argument("--fake-signal", type=flt,
+                   help="FakeData: add each image's class colour, this strong (0 to 1), so that the "
+                   "labels can be learnt and the loss falls (default 0: pure noise)")
     g.add_argument("--num-workers", type=num, default=2, help="DataLoader workers per rank")
     g.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
                    help="pin host memory (default: on with a GPU)")
@@ -267,7 +274,7 @@ def parse_config(argv: Optional[Sequence[str]] = None,
     env = os.environ if environ is None else environ
     ns = build_parser().parse_args(argv)
     fake_only = {"fake_size": ns.fake_size, "image_size": ns.image_size,
-                 "num_classes": ns.num_classes}
+                 "num_classes": ns.num_classes, "fake_signal": ns.fake_signal}
     if ns.dataset != "fake":
         for name, value in fake_only.items():
             if value is not None:
@@ -290,6 +297,7 @@ def parse_config(argv: Optional[Sequence[str]] = None,
         fake_size=FAKE_DEFAULT_SIZE if ns.fake_size is None else ns.fake_size,
         image_size=FAKE_DEFAULT_IMAGE_SIZE if ns.image_size is None else ns.image_size,
         num_classes=FAKE_DEFAULT_CLASSES if ns.num_classes is None else ns.num_classes,
+        fake_signal=0.0 if ns.fake_signal is None else ns.fake_signal,
         batch_size=ns.batch_size,
         epochs=ns.epochs,
         max_steps=ns.max_steps,

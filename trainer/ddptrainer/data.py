@@ -70,13 +70,32 @@ def _missing_message(config: TrainConfig, folder: str, missing: list[str],
     return msg
 
 
+class ClassTinted(Dataset):
+    """FakeData with each image's class colour added (--fake-signal): the labels FakeData draws
+    at random become a function of the image, so a model can learn them and the loss falls, in
+    an example that needs no files. The colours are fixed by the seed, the same on every rank."""
+
+    def __init__(self, base: Dataset, num_classes: int, strength: float, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.base = base
+        self.tints = (torch.rand(num_classes, 3, 1, 1, generator=generator) * 2 - 1) * strength
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        image, target = self.base[index]
+        return image + self.tints[target], target
+
+
 def _build(config: TrainConfig, download: bool, train: bool = True) -> Dataset:
     root = config.data_dir
     if config.dataset == "fake":
-        return datasets.FakeData(
+        fake = datasets.FakeData(
             size=config.fake_size, image_size=(3, config.image_size, config.image_size),
             num_classes=config.num_classes, transform=transforms.ToTensor(),
             random_offset=config.seed)
+        return ClassTinted(fake, config.num_classes, config.fake_signal, config.seed) if config.fake_signal else fake
     mean, std = _NORMALIZE[config.dataset]
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
     if config.dataset == "mnist":
