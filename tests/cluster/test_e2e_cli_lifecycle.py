@@ -13,7 +13,10 @@ from .e2e_support import ddpjob_cli, e2e  # noqa: F401 - e2e is a fixture
 
 pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
 TIMEOUT = 240
-SUCCEEDS = 'import os\nprint(f"hello from node {os.environ[\'NODE_RANK\']}", flush=True)\n'
+SUCCEEDS = ('import os\nprint(f"hello from node {os.environ[\'NODE_RANK\']}", flush=True)\n'
+            # two progress lines as ddptrain prints them: what `ddpjob status --plot` draws
+            'print("ddptrain: progress epoch=1/1 step=1/2 loss=2.0 images_per_sec=10", flush=True)\n'
+            'print("ddptrain: progress epoch=1/1 step=2/2 loss=1.0 images_per_sec=12", flush=True)\n')
 FAILS = 'import sys\nprint("cannot read the config", flush=True)\nsys.exit(2)\n'
 
 
@@ -34,6 +37,14 @@ def test_submit_follow_list_wait_and_delete(e2e, tmp_path):
     if not e2e.local:  # a kubelet serves the logs: both nodes' lines, marked with their node
         assert "node-0 | hello from node 0" in followed.stdout and "node-1 | hello from node 1" in followed.stdout
     assert e2e.status("hello")["phase"] == "Succeeded"
+    plotted = ddpjob(e2e, "status", "hello", "--plot", str(tmp_path / "hello.html"))
+    if not e2e.local:  # node 0's log is served: its loss and images/s as a page (issue 36, item 7)
+        assert plotted.returncode == 0, plotted.stderr
+        assert (tmp_path / "hello.html").read_text().count("<svg") == 2
+        sparklines = ddpjob(e2e, "status", "hello", "--plot")
+        assert "loss 2.000 █▁ 1.000 over steps 1-2" in sparklines.stdout, sparklines.stdout
+    else:  # no log to read: one line that says so
+        assert plotted.returncode == 1 and "--plot" in plotted.stderr and "Traceback" not in plotted.stderr
 
     created = ddpjob(e2e, "submit", str(tmp_path / "broken.py"), "--image", e2e.image)
     assert created.returncode == 0, created.stderr

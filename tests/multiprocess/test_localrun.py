@@ -88,10 +88,14 @@ def test_plain_env_script_on_gpus_with_nccl_one_gpu_per_node(tmp_path):
 @pytest.mark.skipif(not (ROOT / "examples/ddpjob.yaml").exists(), reason="examples/ddpjob.yaml does not exist yet")
 def test_readme_main_job_runs(tmp_path):
     # The README's "run the main job": `ddpjob run -f examples/ddpjob.yaml`, unchanged.
-    result = run(ROOT / "examples/ddpjob.yaml", "--workdir", str(tmp_path), timeout=600)
+    result = run(ROOT / "examples/ddpjob.yaml", "--workdir", str(tmp_path), "--plot", str(tmp_path / "run.html"),
+                 timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "[node-0]" in result.stdout and "[node-1]" in result.stdout
     assert "succeeded" in result.stderr
+    # the loss and images/s at the end, as sparklines and the page --plot asked for (issue 36, item 7)
+    assert re.search(r"ddpjob run: loss 2\.\d{3} \S+ \d\.\d{3} over steps 4-32", result.stderr), result.stderr[-2000:]
+    assert (tmp_path / "run.html").read_text().count("<svg") == 2
     # A healthy run says nothing alarming (issue 36, item 6): no refused connection while node 0
     # imports torch, no torchrun thread warning, no exit-barrier error from the nodes that
     # finish after node 0 (pytorch/pytorch#69520).

@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from typing import Any
 
 from ddpjob.api.loader import ManifestError, load_one_ddpjob
 from ddpjob.local.plan import LocalRunError
 from ddpjob.local.runner import EXIT_BAD_INPUT, run_job
+from ddpjob.local.progress_view import ProgressView
 from ddpjob.local.supervisor import Console
 
 
@@ -28,17 +30,27 @@ def add_parser(sub: Any) -> None:
                         help="working directory of the node processes (default: the current directory)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print each node's command and environment, run nothing")
+    parser.add_argument("--plot", metavar="FILE.html",
+                        help="at the end, write node 0's loss and images/s against the step as an HTML page "
+                        "(the sparklines are printed in any case)")
     parser.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    console = Console()
+    view = ProgressView(terminal=sys.stdout.isatty(), plot_path=args.plot)
+    console = Console(view=view)
     try:
         manifest = load_one_ddpjob(args.filename)
         if not os.path.isdir(args.workdir):
             raise LocalRunError(f"--workdir {args.workdir}: not a directory")
-        return run_job(manifest.job, workdir=os.path.abspath(args.workdir),
+        if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+            raise LocalRunError(f"--plot {args.plot}: its folder does not exist")
+        view.title = f"DDPJob {manifest.job.name} (ddpjob run)"
+        code = run_job(manifest.job, workdir=os.path.abspath(args.workdir),
                        configmaps=manifest.configmaps, dry_run=args.dry_run, console=console)
+        if not args.dry_run:
+            view.finish(console.note)
+        return code
     except ManifestError as error:
         for line in str(error).splitlines():
             console.note(f"error: {line}")

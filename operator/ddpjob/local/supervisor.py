@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence, TextIO
+from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 
 POLL_SECONDS = 0.1
 
@@ -33,12 +33,15 @@ POLL_SECONDS = 0.1
 class Console:
     """Serialises writes from the reader threads and the supervisor: whole lines only."""
 
-    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None, view: Any = None) -> None:
         self._out = out if out is not None else sys.stdout
         self._err = err if err is not None else sys.stderr
         self._lock = threading.Lock()
+        self.view = view  # a ProgressView (local/progress_view.py), or None
 
     def node_line(self, node_rank: int, line: str) -> None:
+        if self.view is not None:
+            line = self.view.line(node_rank, line)
         self._write(self._out, f"[node-{node_rank}] {line}\n")
 
     def note(self, message: str) -> None:
