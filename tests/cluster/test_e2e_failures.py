@@ -160,3 +160,30 @@ def test_an_image_no_registry_serves_says_which_and_what_to_do(e2e):
     assert (status["phase"], status["reason"]) == ("Failed", "StartupTimeout"), status
     assert "cannot be pulled" in status["message"], status
     assert len([e for e in e2e.events(name) if e["reason"] == "ImageNotPulled"]) == 1
+
+
+@pytest.mark.kubelet
+def test_a_bug_that_fails_every_attempt_the_same_way_fails_the_job_after_one_restart(e2e):
+    """Issue 36, item 4: every rank raises the same exception within a second of its start, on
+    every attempt. The first failure restarts the gang (it could have been bad luck); the second,
+    the same error, fails the job with reason RepeatedError, the error named once, maxRestarts 3
+    not spent. The error comes from the log tail the kubelet (FallbackToLogsOnError) makes the
+    termination message of a command of one's own."""
+    name = "same-bug"
+    code = """
+        import os
+        def main():
+            print("node", os.environ["NODE_RANK"], "starts", flush=True)
+            return 1 / 0
+        main()
+    """
+    e2e.create(ddpjob_manifest(name, e2e.image, command=python_command(code), launcher="none",
+                               failurePolicy={"maxRestarts": 3, "restartMode": "Recreate"}))
+    status = e2e.wait_until_finished(name, TRAINING_TIMEOUT)
+    assert (status["phase"], status["reason"], status["restarts"]) == ("Failed", "RepeatedError", 1), status
+    assert ("the same error on attempts 0 and 1, each before it trained: ZeroDivisionError: division by zero"
+            in status["message"]), status["message"]
+    assert status["message"].count("ZeroDivisionError") == 1
+    assert [r["error"] for r in status["failureHistory"]] == ["ZeroDivisionError: division by zero"] * 2, status
+    [event] = e2e.wait_for_event(name, "RepeatedError")
+    assert "a restart cannot fix this" in event["message"], event

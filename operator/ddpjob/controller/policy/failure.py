@@ -159,10 +159,10 @@ def early_error(status: JobStatus, failure: NodeFailure, reported: bool, now: dt
     progress = status.progress
     trained = reported or (progress is not None and progress.attempt == status.restartAttempt)
     # The attempt started when its container did, or (restarted in place, in the same
-    # container) when the failure before it was seen.
+    # container) when the failure before it was seen; where neither is known, the job's start.
     last = status.failureHistory[0] if status.failureHistory else None
     starts = [failure.started_at, parse_time(last.time) if last and last.attempt == status.restartAttempt - 1 else None]
-    start = max((s for s in starts if s is not None), default=None)
+    start = max((s for s in starts if s is not None), default=None) or parse_time(status.startTime)
     seconds = ((failure.at or now) - start).total_seconds() if start is not None else None
     early = repeated_error.failed_before_training(reported=trained, ever_reported=progress is not None,
                                                   seconds_since_start=seconds)
