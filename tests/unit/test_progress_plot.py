@@ -90,3 +90,19 @@ def test_status_plot_and_output_together_are_refused():
     args = build_parser().parse_args(["status", "j", "--plot", "-o", "json"])
     err = io.StringIO()
     assert run_status(args, io.StringIO(), err) == 2 and "--plot and -o" in err.getvalue()
+
+
+def test_logs_and_submit_follow_put_the_bar_before_node_0s_progress_on_a_terminal():
+    from ddpjob.cli.logs import _print
+    from ddpjob.client.job_logs import LogLine
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for out, barred in ((Terminal(), True), (io.StringIO(), False)):
+        _print(LogLine(0, 0, LOG[1]), None, out)
+        _print(LogLine(1, 0, LOG[1]), None, out)
+        first, second = out.getvalue().splitlines()
+        assert first == ("[██░░░░░░░░░░░░░░░░░░]  12% 4/32 " if barred else "") + "node-0 | " + LOG[1]
+        assert second == "node-1 | " + LOG[1]

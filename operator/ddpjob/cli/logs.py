@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Iterator, Optional, TextIO
 
-from ddpjob.api import names
+from ddpjob.api import names, progress_plot
 from ddpjob.cli.common import add_cluster_arguments, read_job
 from ddpjob.client import job_logs
 from ddpjob.client.job_logs import LineSplitter, LogLine, NodePod, PodLogParser, format_line, split_timestamp
@@ -209,8 +209,19 @@ def _next_run(reader: _PodReader, stop: threading.Event) -> Optional[_PodReader]
 def _print(line: LogLine, attempt: Optional[int], out: TextIO) -> bool:
     if attempt is not None and line.attempt != attempt:
         return False
-    out.write(format_line(line) + "\n")
+    text = format_line(line)
+    point = progress_plot.point_of(line.text) if line.node_rank == 0 and not line.header else None
+    if point is not None and _terminal(out):  # node 0's progress: a bar in front (issue 36, item 7)
+        text = f"{progress_plot.bar(point.step, point.total)} {text}"
+    out.write(text + "\n")
     return True
+
+
+def _terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _merge(readers: list[_PodReader], attempt: Optional[int], out: TextIO) -> int:
