@@ -59,3 +59,24 @@ def test_a_launch_era_script_submitted_as_is_runs_with_its_flag_and_environment(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(2):
         assert f"rank {rank} local_rank {rank} greeting hello" in result.stdout, result.stdout
+
+
+def test_a_folders_requirements_are_installed_before_its_script_runs(tmp_path):
+    """Issue 36, item 3: requirements.txt beside train.py, found without a flag; each node pip
+    installs it (offline: a wheel the test wrote) before the first attempt, and the script
+    imports it."""
+    from tests.support.wheels import write_wheel
+
+    project = tmp_path / "needs"
+    project.mkdir()
+    (project / "requirements.txt").write_text(f"{write_wheel(tmp_path)}\n")
+    (project / "train.py").write_text("import os, ddpjob_test_greeting as g\n"
+                                      "print('rank', os.environ['RANK'], g.GREETING, flush=True)\n")
+    printed = ddpjob("submit", str(project), "--nproc-per-node", "2", "--max-restarts", "0", "--dry-run", timeout=60)
+    assert printed.returncode == 0 and "requirements.txt: each pod pip installs it" in printed.stderr, printed.stderr
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(printed.stdout)
+    result = ddpjob("run", "-f", str(manifest))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(2):
+        assert f"rank {rank} hello from a requirement" in result.stdout, result.stdout

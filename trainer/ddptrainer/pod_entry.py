@@ -9,7 +9,8 @@ Usage::
 POD OPTIONS (only before everything else): ``--termination-log PATH``,
 ``--rendezvous-timeout-seconds N``, ``--launcher torchrun|spawn`` (default: DDPJOB_LAUNCHER,
 else torchrun), ``--local-rank-flag --local_rank|--local-rank`` (default:
-DDPJOB_LOCAL_RANK_FLAG). The rendezvous comes from the environment the operator sets
+DDPJOB_LOCAL_RANK_FLAG), ``--requirements FILE`` (pip install -r FILE, once per container,
+before the first attempt: ddptrainer/requirements.py). The rendezvous comes from the environment the operator sets
 (PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT; torchrun reads
 them itself); with none of them it is a single node on this machine.
 
@@ -57,7 +58,7 @@ from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
 from ddpjob import contract
 from ddpjob.contract import ExitCode
 
-from . import init_guard, report, summary, threads, warm_start
+from . import init_guard, report, requirements, summary, threads, warm_start
 from .rendezvous_wait import MasterUnreachable, resolve_address, wait_for_master, wait_for_master_attempt
 from .restart_control import (EntryControl, RestartSettings, clear_progress, progress_reported,
                               read_restart_settings, stopper)
@@ -83,6 +84,7 @@ class PodArgs:
     rendezvous_timeout_seconds: Optional[int] = None
     launcher: Optional[str] = None
     local_rank_flag: Optional[str] = None
+    requirements: Optional[str] = None  # a requirements file, installed before the first attempt
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,7 @@ def resolve_launch(pod: PodArgs, environ: Mapping[str, str]) -> PodArgs:
     if launcher == contract.LAUNCHER_SPAWN and pod.kind == "trainer":
         raise PodUsageError("launcher spawn runs your own script once per pod: give it with "
                             "--script PATH or -m MODULE (the built-in trainer uses launcher torchrun)")
-    return PodArgs(pod.kind, pod.target, pod.args, pod.termination_log,
-                   pod.rendezvous_timeout_seconds, launcher, flag)
+    return dataclasses.replace(pod, launcher=launcher, local_rank_flag=flag)
 
 
 def parse_pod_args(argv: Sequence[str]) -> PodArgs:
@@ -152,7 +153,7 @@ def parse_pod_args(argv: Sequence[str]) -> PodArgs:
             i += 1
             break
         if name in ("--script", "-m", "--module", "--termination-log",
-                    "--rendezvous-timeout-seconds", "--launcher", "--local-rank-flag"):
+                    "--rendezvous-timeout-seconds", "--launcher", "--local-rank-flag", "--requirements"):
             if eq:
                 value, i = inline, i + 1
             elif i + 1 < len(argv):
@@ -169,6 +170,8 @@ def parse_pod_args(argv: Sequence[str]) -> PodArgs:
                 opts["launcher"] = _choice(value, POD_LAUNCHERS, name)
             elif name == "--local-rank-flag":
                 opts["local_rank_flag"] = _choice(value, contract.LOCAL_RANK_FLAGS, name)
+            elif name == "--requirements":
+                opts["requirements"] = value
             else:
                 opts["rendezvous_timeout_seconds"] = _positive_int(value, name)
             continue
@@ -352,6 +355,8 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
              + (f" omp_threads={threads_set}" if threads_set else "")
              + (f" restart=InPlace wait={restart.wait_seconds}s grace={restart.grace_seconds}s"
                 if restart else ""))
+        if pod.requirements:
+            _install_requirements(pod.requirements, node.node_rank, env)
         mismatch = contract_mismatch(env)
         if mismatch:
             _log(mismatch)
@@ -372,6 +377,17 @@ def run(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str
         _log(message)
     _write_termination(pod, node_rank, env, code, message)
     return code
+
+
+def _install_requirements(path: str, node_rank: int, env: Mapping[str, str]) -> None:
+    """The packages of ``path`` installed (ddptrainer/requirements.py), first on the workers'
+    path; a failure is a bad configuration (exit 2)."""
+    try:
+        target = requirements.install(path, node_rank, env, _log)
+    except requirements.RequirementsError as error:
+        raise PodUsageError(str(error)) from None
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != target]
+    os.environ["PYTHONPATH"] = os.pathsep.join([target, *rest])
 
 
 def _set_worker_threads(pod: PodArgs, nproc_per_node: str, env: Mapping[str, str]) -> Optional[int]:

@@ -41,8 +41,10 @@ FLAG_OF_FIELD = {"metadata.name": "--name", "metadata.namespace": "--namespace",
                  "spec.env": "--env", "spec.resources.requests.cpu": "--cpu",
                  "spec.resources.requests.memory": "--memory", "spec.resources.limits.memory": "--memory",
                  "spec.localRankFlag": "--local-rank-flag"}
-#: --local-rank-flag's word for "do not pass one, even where the script defines it".
-NO_LOCAL_RANK_FLAG = "none"
+#: --local-rank-flag and --requirements: "not even the one the code has".
+NONE = "none"
+#: A folder's packages to install, found without a flag (--requirements none: not installed).
+REQUIREMENTS_FILE = "requirements.txt"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -91,10 +93,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable of the training processes (repeatable); for a "
                         "secret, use spec.env valueFrom in a manifest (--dry-run), not a value here")
-    parser.add_argument("--local-rank-flag", choices=(*contract.LOCAL_RANK_FLAGS, NO_LOCAL_RANK_FLAG),
+    parser.add_argument("--local-rank-flag", choices=(*contract.LOCAL_RANK_FLAGS, NONE),
                         help="pass --local_rank=N (or --local-rank=N) to each process, as "
                         "torch.distributed.launch did (default: the one the entry script's argparse "
                         "defines, if any; none: never)")
+    parser.add_argument("--requirements", metavar="FILE",
+                        help="with a folder: its file of packages to pip install in each pod before the "
+                        f"first attempt (default: {REQUIREMENTS_FILE} if the folder has one; none: never)")
     parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, metavar="DIR",
                         help="where the code appears in the pods (default: %(default)s)")
     parser.add_argument("--max-restarts", type=int, metavar="N",
@@ -121,11 +126,12 @@ def manifests_from_args(args: argparse.Namespace, err: Optional[TextIO] = None) 
     device, nproc_per_node = _device_and_processes(args)
     env = tuple(_env_pair(item) for item in args.env)
     flag = _local_rank_flag(args, package, err or sys.stderr)
+    requirements = _requirements(args, package, err or sys.stderr)
     options = SubmitOptions(
         name=args.name or job_name_from(args.path), namespace=args.namespace, nnodes=args.nnodes,
         nproc_per_node=nproc_per_node, device=device, image=image, launch=args.launcher,
         script_args=tuple(args.script_args), mount_path=args.mount_path, max_restarts=args.max_restarts,
-        env=env, cpu=args.cpu, memory=args.memory, local_rank_flag=flag)
+        env=env, cpu=args.cpu, memory=args.memory, local_rank_flag=flag, requirements=requirements)
     manifests = build_manifests(options, package)
     problems = validate_ddpjob(manifests[-1])
     if problems:
@@ -162,7 +168,7 @@ def _local_rank_flag(args: argparse.Namespace, package: Any, err: TextIO) -> Opt
     """The flag given, else the one the entry script defines (said on ``err``), else none. A
     launch-era script run without it stops at its argparse ("the following arguments are
     required: --local_rank") on every rank."""
-    if args.local_rank_flag == NO_LOCAL_RANK_FLAG:
+    if args.local_rank_flag == NONE:
         return None
     if args.local_rank_flag:
         return args.local_rank_flag
@@ -176,6 +182,28 @@ def _local_rank_flag(args: argparse.Namespace, package: Any, err: TextIO) -> Opt
     print(f"ddpjob submit: {package.entry} defines {found}: each process gets {found}=N, as "
           f"torch.distributed.launch passed it (spec.localRankFlag; --local-rank-flag none: not)", file=err)
     return found
+
+
+def _requirements(args: argparse.Namespace, package: Any, err: TextIO) -> Optional[str]:
+    """The package's requirements file the pods install first: --requirements FILE, else the
+    folder's requirements.txt (said on ``err``), else none."""
+    given = args.requirements
+    if given == NONE:
+        return None
+    name = given or REQUIREMENTS_FILE
+    if name not in package.files:
+        if given:
+            raise ValueError(f"--requirements {given}: not a file of the code that is shipped (a path "
+                             "relative to the folder; a single script ships alone: put it in a folder "
+                             "with its requirements)")
+        return None
+    if args.launcher == "torchrun-command":
+        raise ValueError(f"{name}: --launcher torchrun-command has no pod entry point to install it; use "
+                         "--launcher torchrun, an image that has the packages, or --requirements none")
+    if not given:
+        print(f"ddpjob submit: {name}: each pod pip installs it before the first attempt (it needs a "
+              "package index the pods can reach; --requirements none: not)", file=err)
+    return name
 
 
 class _CodeDumper(yaml.SafeDumper):

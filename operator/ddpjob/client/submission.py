@@ -37,6 +37,7 @@ class SubmitOptions:
     cpu: str | None = None  # requests.cpu (no CPU limit: a limit throttles the training)
     memory: str | None = None  # requests and limits: the pod is not evicted for using what it asked
     local_rank_flag: str | None = None  # spec.localRankFlag: the launch-era flag the script reads
+    requirements: str | None = None  # a file of the package: the pods pip install it first
 
 
 #: ``parser.add_argument("--local_rank", ...)``: a script of the torch.distributed.launch era,
@@ -74,7 +75,8 @@ def build_ddpjob(options: SubmitOptions, package: CodePackage) -> dict[str, Any]
     else:
         if options.launch == contract.LAUNCHER_SPAWN:
             body["launcher"] = contract.LAUNCHER_SPAWN
-        body["args"] = ["--script", script, *options.script_args]
+        before = ["--requirements", f"{options.mount_path.rstrip('/')}/{options.requirements}"] if options.requirements else []
+        body["args"] = [*before, "--script", script, *options.script_args]
     body["volumeMounts"] = [{"name": CODE_VOLUME, "mountPath": options.mount_path, "readOnly": True}]
     body["template"] = {"spec": {"volumes": [build_volume(package, CODE_VOLUME, configmap_name(options.name))]}}
     if options.local_rank_flag and options.launch == contract.LAUNCHER_TORCHRUN:
