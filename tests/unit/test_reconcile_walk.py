@@ -35,3 +35,18 @@ def test_the_walk_sees_the_calls_of_the_package_only_and_stops_at_its_window():
     every = walk_of(run, every_call=True)
     assert every.stays == ("controller/plan.py",) and every.returns == 0
     assert walk_of(run, events=2, every_call=True).calls == 2
+
+
+def test_no_function_of_the_state_machine_is_over_60_lines_and_decide_py_under_300():
+    """Issue 34's other bounds on the controller's code (a policy grows by a helper, not a longer
+    function)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "operator" / "ddpjob" / "controller"
+    long = [f"{path.relative_to(root)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in sorted(root.rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
+    assert not long, long
+    assert len((root / "decide.py").read_text().splitlines()) < 300

@@ -181,6 +181,21 @@ def errors_before(status: JobStatus) -> list[str]:
     return errors
 
 
+def _repeated_error(status: JobStatus, ruling: failure_policy.Verdict, reported: bool, now: dt.datetime,
+                    policy: spec.FailurePolicy) -> tuple[str, str]:
+    """(the error this failure records, "" if none counts; the job's last words where it makes
+    failurePolicy.repeatedErrorAttempts in a row, else "")."""
+    if ruling.kind == DISRUPTION or ruling.permanent:
+        return "", ""
+    error = early_error(status, ruling.cause, reported, now)
+    attempts = policy.repeatedErrorAttempts
+    if not repeated_error.repeated(error, errors_before(status), attempts):
+        return error, ""
+    said = repeated_error.words(error, attempts, status.restartAttempt - attempts + 1)
+    return error, (f"{_describe(ruling.cause)}; {said}; a restart cannot fix this "
+                   f"(failurePolicy.repeatedErrorAttempts: {attempts})")
+
+
 def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now: dt.datetime,
                 failures: list[NodeFailure], restart_reason: Optional[str] = None,
                 reported: bool = False, restarted_by_kubelet: tuple[PodView, ...] = ()) -> Plan:
@@ -192,9 +207,8 @@ def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now
     ruling = failure_policy.verdict(failures, restarts_done=restarts_done, policy=policy,
                                     recent_disruptions=len(window))
     first = ruling.cause
-    error = early_error(status, first, reported, now) if ruling.kind != DISRUPTION and not ruling.permanent else ""
-    again = repeated_error.repeated(error, errors_before(status), policy.repeatedErrorAttempts)
-    if again:
+    error, repeated_words = _repeated_error(status, ruling, reported, now, policy)
+    if repeated_words:
         ruling = replace(ruling, restart=False, reason=repeated_error.REPEATED_ERROR)
     keep = restartable_in_place(job, status, pods, reported) if ruling.restart else ()
     by_kubelet = (ruling.restart and bool(restarted_by_kubelet) and spec.kubelet_restarts_in_place(job.spec)
@@ -210,15 +224,9 @@ def on_failure(job: spec.DDPJob, status: JobStatus, pods: Sequence[PodView], now
     status = node_exclusion.with_exclusions(recorded, policy, now)
     excluded = tuple(Event("Warning", "NodeExcluded", f"The next pods avoid node {n.nodeName}: {n.message}")
                      for n in node_exclusion.newly_excluded(recorded, status))
-    if ruling.reason == failure_policy.PERMANENT:
+    if ruling.reason == failure_policy.PERMANENT or repeated_words:
         return fail_job(job, recorded, pods, now, ruling.reason,
-                     f"{_describe(first)}: a restart cannot fix this", _failed_node(first))
-    if again:
-        attempts = policy.repeatedErrorAttempts
-        said = repeated_error.words(error, attempts, status.restartAttempt - attempts + 1)
-        return fail_job(job, recorded, pods, now, ruling.reason,
-                        f"{_describe(first)}; {said}; a restart cannot fix this "
-                        f"(failurePolicy.repeatedErrorAttempts: {attempts})", _failed_node(first))
+                        repeated_words or f"{_describe(first)}: a restart cannot fix this", _failed_node(first))
     if ruling.reason in (failure_policy.BUDGET_SPENT, failure_policy.DISRUPTION_BUDGET_SPENT):
         return fail_job(job, replace(recorded, restarts=restarts_done), pods, now, ruling.reason,
                         f"{_describe(first)}{counted} and the {ruling.budget_words(policy)} is spent",
