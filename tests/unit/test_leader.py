@@ -230,6 +230,45 @@ def test_the_holders_clock_does_not_matter_only_the_standbys():
     assert b.leads
 
 
+def test_a_paused_leader_acts_no_more_when_it_resumes_and_the_two_never_lead_at_once():
+    """Issue 35: the leader is stopped (SIGSTOP) for 30 s, past the lease. The standby takes over
+    a lease duration after the last renewal it saw; when the old leader resumes, its own
+    monotonic clock has moved on too, so before its next round its writes are already fenced
+    (is_leader False), and its round stands it down. At no instant do both lead."""
+    store, clock = FakeLeases(), Clock()
+    a, b = Replica(store, clock, "a"), Replica(store, clock, "b")
+    a.step()
+    b.step()
+    paused_at = clock.t
+    while clock.t < paused_at + 30:  # a is stopped: b alone steps
+        clock.t += 0.5
+        b.step()
+        assert not (a.leads and b.leads), clock.t - paused_at
+    assert b.leads and store.holder == "b"
+    assert not a.leads  # resumed: fenced before any round of its own
+    a.step()
+    assert (a.elector.leading, a.stopped, store.holder) == (False, 1, "b")
+    run_for(clock, 20, a, b)
+    assert b.leads and not a.leads and a.started == 1
+
+
+@pytest.mark.parametrize("jump", [3600, -3600])
+def test_a_wall_clock_jump_moves_no_deadline(jump):
+    """Issue 35: a standby's (or the leader's) wall clock jumps an hour; the election runs on
+    the monotonic clock and the renewTime is only written, never compared: the standby takes
+    nothing while the leader renews, and the leader keeps leading."""
+    store, clock = FakeLeases(), Clock()
+    a, b = Replica(store, clock, "a"), Replica(store, clock, "b")
+    a.step()
+    def jumped():
+        return clock.wall() + dt.timedelta(seconds=jump)
+
+    b.elector.wall = jumped
+    a.elector.wall = jumped if jump < 0 else clock.wall
+    run_for(clock, 60, a, b)
+    assert a.leads and not b.leads and store.holder == "a" and (a.stopped, b.started) == (0, 0)
+
+
 def test_a_leader_that_cannot_renew_stops_acting_at_its_renew_deadline():
     store, clock = FakeLeases(), Clock()
     a = Replica(store, clock, "a")
