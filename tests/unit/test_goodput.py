@@ -99,7 +99,11 @@ def test_a_gang_that_fails_in_its_first_step_every_time_claims_no_training():
                             "2 restarts cost 1m00s; starting 30s")
     # The first report past it: from then on the percentage is claimed.
     going = timeline((0, PENDING), (30, at_init), (40, replace(at_init, step=5)))
-    assert going.percent == "25%" and going.firstStep == 0 and going.highestStep == 5
+    assert going.percent == "25%" and going.firstStep is None and going.highestStep == 5
+    # A poll that saw attempt 0 only at step 10, then attempt 1 resumed at 6: trained (the CI case)
+    seen = timeline((0, PENDING), (30, replace(at_init, step=10)), (60, FAILED_OVER),
+                    (70, Moment(running=True, step=6, ever_reported=True, restarts=1)))
+    assert seen.percent != "unknown" and seen.firstStep is None
 
 
 def test_a_goodput_counted_before_first_step_existed_keeps_its_percentage():

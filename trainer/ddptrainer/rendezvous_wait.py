@@ -58,7 +58,7 @@ def probe(host: str, port: int, connect_timeout: float) -> tuple[Optional[str], 
 def wait_for_master(host: str, port: int, timeout_seconds: float,
                     log: Callable[[str], None] = print, *, connect_timeout: float = 2.0,
                     first_interval: float = 0.5, max_interval: float = 5.0,
-                    log_every_seconds: float = 15.0, quiet_seconds: float = 5.0,
+                    log_every_seconds: float = 15.0, quiet_seconds: float = 30.0,
                     clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> WaitResult:
     """Return once ``host:port`` accepts a TCP connection; MasterUnreachable after the bound."""
@@ -78,7 +78,7 @@ def wait_for_master(host: str, port: int, timeout_seconds: float,
                     f"({attempts} attempts)")
             return WaitResult(address=address, seconds=now - start, attempts=attempts)
         # Log the first failure, a change of reason, and then every log_every_seconds; but not
-        # in the first quiet_seconds (node 0 importing torch is no news: a healthy start prints
+        # in the first quiet_seconds (node 0 importing torch, slow on a busy machine, is no news: a healthy start prints
         # only "reachable after 1.5s"), unless the bound is reached first.
         patient = now - start < quiet_seconds and now < deadline
         if not patient and (last_logged is None or problem != last_problem

@@ -109,9 +109,7 @@ def advance(goodput: Optional[Goodput], moment: Moment, now: dt.datetime) -> Goo
     updated = replace(counted, segment=segment, segmentStart=precise_time(started), accountedUntil=precise_time(now),
                       restarts=max(goodput.restarts, moment.restarts), stepsRedone=redone,
                       lastRestartSeconds=last_restart, highestStep=max(steps) if steps else None,
-                      # Set with the job's first report; a goodput counted before the field
-                      # existed keeps it unset, and trained() then takes its steps as trained.
-                      firstStep=goodput.firstStep if goodput.highestStep is not None else moment.step)
+                      firstStep=_first_step(goodput, moment))
     return _figures(updated)
 
 
@@ -138,11 +136,20 @@ def _figures(goodput: Goodput) -> Goodput:
 UNKNOWN = "unknown"
 
 
-def trained(goodput: Goodput) -> bool:
-    """Whether some report went past the job's first one: a step was trained."""
+def _first_step(goodput: Goodput, moment: Moment) -> Optional[int]:
+    """Set with the job's first report, unset for good once a report is at another step (a step
+    was trained, or a resumed attempt went back): a poll may see only one step of an attempt.
+    A goodput counted before the field existed keeps it unset: its steps count as trained."""
     if goodput.highestStep is None:
-        return False
-    return goodput.firstStep is None or goodput.highestStep > goodput.firstStep
+        return moment.step
+    if goodput.firstStep is not None and moment.step is not None and moment.step != goodput.firstStep:
+        return None
+    return goodput.firstStep
+
+
+def trained(goodput: Goodput) -> bool:
+    """Whether some report was at another step than the job's first one: a step was trained."""
+    return goodput.highestStep is not None and goodput.firstStep is None
 
 
 def summary(goodput: Goodput, wall: float, percent: int) -> str:

@@ -213,8 +213,9 @@ class Goodput(model.Record):
         "less the step its first report resumed at (the steps since the last checkpoint).", default=0)
     highestStep: Optional[int] = status_field("The highest step any attempt reported (unset: none yet).")
     firstStep: Optional[int] = status_field(
-        "The step of the job's first progress report: until a report goes past it, no step was "
-        "trained and the goodput claims no percentage (unset: none yet).")
+        "The step of the job's first progress report, while every report since was at it: no "
+        "step was trained and the goodput claims no percentage. Unset once a report was at "
+        "another step (or before the first).")
     suggestedCheckpointIntervalSeconds: Optional[float] = status_field(
         "The checkpoint interval that would lose the least time at the failure rate seen so far "
         "(Young/Daly, from progress.checkpointSeconds and the job's running seconds per restart; "
