@@ -31,7 +31,7 @@ import re
 from typing import Iterable, Optional
 
 from ddpjob import contract
-from ddpjob.api.status import FAILURE_ERROR_LIMIT
+from ddpjob.api.status import FAILURE_ERROR_LIMIT, shorten
 
 #: The most characters of an error kept (status.failureHistory[].error): enough to tell two
 #: errors apart, bounded whatever a pod writes.
@@ -63,8 +63,7 @@ def error_of(message: str) -> str:
             continue
         said = _OTHERS.sub("", said)
         found = f"{name}: {said}" if said else name
-    found = "".join(ch for ch in found if ch.isprintable())
-    return found if len(found) <= ERROR_LIMIT else found[:ERROR_LIMIT - 3].rstrip() + "..."
+    return shorten("".join(ch for ch in found if ch.isprintable()), ERROR_LIMIT)
 
 
 def counts(exit_code: Optional[int]) -> bool:
