@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 import time
@@ -109,18 +110,23 @@ def test_node_0_alone_gives_12_when_the_others_never_come(mp, tmp_path, trainer_
 
 @pytest.mark.timeout(120)
 def test_second_node_started_first_waits_then_both_train(mp, tmp_path, trainer_env):
-    """Two nodes on this machine; node 1 starts 3 s before node 0 (the DNS-lag case)."""
+    """Two nodes on this machine; node 1 starts 3 s before node 0 (the DNS-lag case).
+
+    Node 1 says nothing in its first 30 s of waiting (node 0 importing torch is no news), so
+    the proof that it waited is its "reachable after ... attempts" line once node 0 is up."""
     port = mp.free_port()
     args = [*mp.TINY, "--fake-size", "32", "--checkpoint-dir", str(tmp_path / "ckpt")]
     logs = {rank: tmp_path / f"node-{rank}.log" for rank in (0, 1)}
     procs = {}
     try:
-        env1 = _node_env(trainer_env, 2, 1, port,
+        env1 = _node_env(trainer_env, 2, 1, port, timeout=90,
                          DDPJOB_TERMINATION_LOG=str(tmp_path / "term-1"))
         procs[1] = mp.start(mp.pod_entry(*args), env1, logs[1])
-        mp.wait_for_text(logs[1], "waiting for master 127.0.0.1", procs[1], timeout=30)
-        time.sleep(1)
-        env0 = _node_env(trainer_env, 2, 0, port, DDPJOB_TERMINATION_LOG=str(tmp_path / "term-0"))
+        mp.wait_for_text(logs[1], "node_rank=1 nnodes=2", procs[1], timeout=30)
+        time.sleep(3)
+        assert procs[1].poll() is None, logs[1].read_text()[-2000:]
+        env0 = _node_env(trainer_env, 2, 0, port, timeout=90,
+                         DDPJOB_TERMINATION_LOG=str(tmp_path / "term-0"))
         procs[0] = mp.start(mp.pod_entry(*args), env0, logs[0])
         codes = {rank: p.wait(timeout=90) for rank, p in procs.items()}
     finally:
@@ -128,7 +134,10 @@ def test_second_node_started_first_waits_then_both_train(mp, tmp_path, trainer_e
             if p.poll() is None:
                 p.kill()
     assert codes == {0: 0, 1: 0}, logs[0].read_text()[-2000:] + logs[1].read_text()[-2000:]
-    assert "starting torchrun" in logs[1].read_text()
+    out1 = logs[1].read_text()
+    assert re.search(rf"master 127\.0\.0\.1:{port} reachable at 127\.0\.0\.1 after "
+                     r"[0-9.]+s \([0-9]+ attempts\)", out1), out1[-2000:]
+    assert "starting torchrun" in out1
     out0 = logs[0].read_text()
     assert "world_size=2 backend=gloo" in out0 and "ddptrain: done step=2/2" in out0
     assert "ddptrain: start" not in logs[1].read_text()  # global rank 0 alone prints progress
