@@ -72,14 +72,23 @@ class FakeKube:
         self.delete_gone = False
         self.existing_service: dict | None = None  # a Service already there with the job's name
         self.lock = threading.Lock()
+        # The job's resourceVersion as the API server would keep it: each write moves it on,
+        # and a status write whose precondition is not it is refused (409 Conflict).
+        self.resource_version = 100
+        self.preconditions: list[str | None] = []
 
-    def patch_status(self, namespace, name, status):
+    def patch_status(self, namespace, name, status, *, resource_version=None):
         self.log.append(("patch_status", status["phase"], status["reason"]))
+        self.preconditions.append(resource_version)
         if self.status_error:
             raise self.status_error
+        if resource_version is not None and resource_version != str(self.resource_version):
+            raise ApiError(409, "Conflict", "the object has been modified; please apply your changes "
+                           "to the latest version and try again", f"patch status of {name}")
         # As the API server does with a JSON merge patch: a null removes, a left-out key stays.
         self.status = apply_merge_patch(self.status or {}, status)
-        return self.status
+        self.resource_version += 1
+        return {"metadata": {"resourceVersion": str(self.resource_version)}, "status": self.status}
 
     def create_service(self, service):
         self.log.append(("create_service", service["metadata"]["name"]))

@@ -37,7 +37,7 @@ def test_kube_reads_no_body_it_does_not_use_but_every_error(monkeypatch):
     kube.relabel_pod("ns", "p0", "u0", {"a": "b"})
     assert len(api.requests) == 4 and len(parsed) == 1  # only p1's 409, read to say why
     assert [o.created for o in outcomes] == [True, True]
-    assert kube.patch_status("ns", "train", {"phase": "Running"}) == {"phase": "Running"}
+    assert kube.patch_status("ns", "train", {"phase": "Running"})["status"] == {"phase": "Running"}
     assert len(parsed) == 2  # what a status write returns is read
     kube.close()
 
@@ -61,6 +61,17 @@ def test_kube_patches_the_status_subresource_with_a_merge_patch():
     assert (method, url, content_type) == ("PATCH", "/apis/ddpjob.dev/v1alpha1/namespaces/ns/ddpjobs/train/status",
                                            "application/merge-patch+json")
     assert body == {"status": {"phase": "Running"}}
+
+
+def test_kube_sends_the_status_writes_precondition_in_the_patch():
+    """The resourceVersion goes in the merge patch's metadata: the API server then refuses the
+    write (409 Conflict) when the job changed since (tests/cluster/test_status_precondition.py)."""
+    from ddpjob.controller.kube import ApiError, Kube
+    api = FakeApiClient()
+    Kube(api, SETTINGS).patch_status("ns", "train", {"phase": "Running"}, resource_version="42")
+    assert api.requests[0][3] == {"metadata": {"resourceVersion": "42"}, "status": {"phase": "Running"}}
+    assert ApiError(409, "Conflict", "modified").conflict
+    assert not ApiError(409, "AlreadyExists", "exists").conflict
 
 
 @pytest.mark.parametrize("status,message,permanent", [

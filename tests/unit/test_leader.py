@@ -469,6 +469,69 @@ def test_a_pass_cut_off_by_the_fence_reports_nothing_not_even_an_event():
     assert (api.requests, events) == ([], [])
 
 
+# --- a write decided before a pause, sent after the new leader's --------------------------
+def _at(obj: dict, version: int) -> dict:
+    """``obj`` as the watch shows it at resourceVersion ``version``."""
+    obj["metadata"]["resourceVersion"] = str(version)
+    return obj
+
+
+def test_a_status_write_decided_before_a_pause_never_lands_over_the_new_leaders():
+    """Leader A decides a pass on the job at version v (rank 1 failed: a restart) and is stopped
+    between the fence and the send. B, leader meanwhile, counts that restart and goes on to the
+    next attempt. When A resumes, its write is sent: the API server refuses it (409 Conflict, as
+    the job has moved past v), so B's status stands; A posts no Event, deletes no pod, and its
+    passes on that old view do nothing until the watch brings a newer job."""
+    server = FakeKube()  # one API server, both replicas write to it
+    a = JobMemory()
+    run_pass(_at(body(), server.resource_version), [], a, server)
+    run_pass(_at(body(status=server.status), server.resource_version), [view(0), view(1)], a, server)
+    seen = _at(body(status=copy.deepcopy(server.status)), server.resource_version)  # what A's pass read
+    failed = [view(0), view(1, "Failed", exit_code=1)]
+
+    b = JobMemory()  # B takes over: it counts the restart, then creates attempt 1
+    run_pass(seen, failed, b, server)
+    run_pass(_at(body(status=server.status), server.resource_version), [], b, server)
+    assert (server.status["restarts"], server.status["restartAttempt"]) == (1, 1)
+    assert "create_pods" in server.kinds()
+    b_status, sent = copy.deepcopy(server.status), len(server.log)
+
+    events: list = []
+    run_pass(seen, failed, a, server, events)  # A resumes: its write of the old pass is sent
+    assert server.log[sent:] == [("patch_status", "Restarting", "RetryableFailure")]
+    assert server.preconditions[-1] == seen["metadata"]["resourceVersion"]
+    assert server.status == b_status and events == []
+    run_pass(seen, failed, a, server, events)  # the watch has not brought the newer job yet
+    assert len(server.log) == sent + 1 and events == []
+
+    fresh = _at(body(status=server.status), server.resource_version)  # it has now
+    run_pass(fresh, [view(0, attempt=1), view(1, attempt=1)], a, server, events)
+    assert (server.status["phase"], server.status["restarts"]) == ("Running", 1)  # not counted twice
+
+
+def test_a_status_write_is_conditional_on_the_newest_version_the_worker_knows():
+    """The precondition is the event's resourceVersion, or this worker's own last write's when
+    the watch has not brought that write yet (no Conflict with itself); a user's edit since
+    comes with a newer event, whose version is then the one."""
+    kube, memory = FakeKube(), JobMemory()
+    run_pass(_at(body(), 100), [], memory, kube)
+    run_pass(_at(body(), 100), [view(0), view(1)], memory, kube)  # the event of its write not seen yet
+    assert kube.preconditions == ["100", "101"] and kube.status["phase"] == "Running"
+    kube.resource_version = 105  # a user labels the job: the watch brings version 105
+    run_pass(_at(body(status=kube.status), 105), [view(0, "Succeeded", exit_code=0),
+                                                  view(1, "Succeeded", exit_code=0)], memory, kube)
+    assert kube.preconditions[-1] == "105" and kube.status["phase"] == "Succeeded"
+
+
+@pytest.mark.parametrize("seen,written,newest", [
+    ("100", "101", "101"), ("105", "101", "105"), ("99", "100", "100"),  # by value, not as text
+    (None, "7", "7"), ("7", None, "7"), (None, None, None), ("abc", "101", "abc"),
+])
+def test_the_newest_version_is_compared_as_a_number(seen, written, newest):
+    from ddpjob.controller.act import newest_version
+    assert newest_version(seen, written) == newest
+
+
 # --- what the new leader does first, mid-restart (its memory is empty) -----------------------
 def _restarting(kube):
     """Leader A: the gang runs, rank 1 fails, A writes Restarting and deletes the gang; then A

@@ -139,7 +139,7 @@ def run_operator(jobs: list[tuple[dict, list]], scenario) -> None:
         runtime, kube = workqueue.Runtime(), FakeKube()
         statuses: dict = {}
 
-        def patch_status(namespace, name, status):  # one status per job
+        def patch_status(namespace, name, status, *, resource_version=None):  # one status per job
             statuses[(namespace, name)] = status
             return status
         kube.patch_status = patch_status

@@ -62,9 +62,9 @@ def test_a_gang_being_created_does_not_hold_up_the_status_of_running_jobs():
             super().__init__()
             self.written: list[tuple[str, str]] = []
 
-        def patch_status(self, namespace, name, status):
+        def patch_status(self, namespace, name, status, *, resource_version=None):
             self.written.append((name, status["phase"]))
-            return super().patch_status(namespace, name, status)
+            return super().patch_status(namespace, name, status, resource_version=resource_version)
 
         def create_pods(self, pods):
             release.wait(5)
@@ -104,12 +104,12 @@ def test_a_pass_that_waited_for_a_thread_sees_the_pods_as_they_are_when_it_start
             super().__init__()
             self.written: list[tuple[str, str, tuple]] = []
 
-        def patch_status(self, namespace, name, status):
+        def patch_status(self, namespace, name, status, *, resource_version=None):
             if name == "slow" and status["phase"] == "Running":
                 writing.set()
                 release.wait(5)
             self.written.append((name, status["phase"], tuple(n["phase"] for n in status.get("nodes") or ())))
-            return super().patch_status(namespace, name, status)
+            return super().patch_status(namespace, name, status, resource_version=resource_version)
 
     def job(name: str) -> dict:
         obj = body()

@@ -183,12 +183,28 @@ def _only_progress_changed(old: JobStatus, new: JobStatus) -> bool:
 
 
 def write_status(body: Mapping[str, Any], new: JobStatus, memory: JobMemory, kube: KubeApi) -> None:
+    """``new`` written, on the condition that the job is as this pass saw it: at the newest
+    resourceVersion this worker knows (the event's, or its own last write's). A 409 Conflict
+    means someone wrote since: the pass stops there (reconcile drops what it remembered)."""
     meta = body["metadata"]
     # Nulls for what the new status leaves out, against both what the event showed and what
     # this worker last wrote (either may be the newer): a merge patch keeps a left-out key.
     held = memory.status.to_dict() if memory.status is not None else None
-    kube.patch_status(meta["namespace"], meta["name"], model.merge_patch(new.to_dict(), body.get("status"), held))
+    written = kube.patch_status(meta["namespace"], meta["name"],
+                                model.merge_patch(new.to_dict(), body.get("status"), held),
+                                resource_version=newest_version(meta.get("resourceVersion"), memory.written_version))
     memory.status = new
+    version = ((written or {}).get("metadata") or {}).get("resourceVersion")
+    memory.written_version = str(version) if version else None
+
+
+def newest_version(seen: Optional[str], written: Optional[str]) -> Optional[str]:
+    """The newer of the event's resourceVersion and this worker's last write's. Both are etcd
+    revisions, decimal and comparable (Kubernetes 1.35's comparable resource versions); one that
+    is not is taken as the event's, and a wrong pick costs only a Conflict and a pass again."""
+    if seen and written and str(seen).isdigit() and str(written).isdigit():
+        return str(max(int(seen), int(written)))
+    return str(seen) if seen else (written or None)
 
 
 def _read_stacks(meta: Mapping[str, Any], request: StacksRequest) -> Event:

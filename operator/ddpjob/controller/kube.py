@@ -94,6 +94,11 @@ class ApiError(Exception):
         return self.status == 404
 
     @property
+    def conflict(self) -> bool:
+        """A write's resourceVersion precondition failed: the object changed since."""
+        return self.status == 409 and self.reason == "Conflict"
+
+    @property
     def permanent(self) -> bool:
         """A refusal a retry cannot change: an invalid object or an admission policy (Pod
         Security). Quota (403 'exceeded quota') and RBAC denials are transient: an
@@ -126,7 +131,8 @@ class KubeApi(Protocol):
     part of the security story (docs/security.md): the operator touches only what it owns.
     """
 
-    def patch_status(self, namespace: str, name: str, status: dict) -> dict: ...
+    def patch_status(self, namespace: str, name: str, status: dict, *,
+                     resource_version: Optional[str] = None) -> dict: ...
 
     def create_service(self, service: dict) -> Optional[dict]: ...
 
@@ -218,14 +224,22 @@ class Kube:
         return data
 
     # --- the operator's operations -------------------------------------------------------------
-    def patch_status(self, namespace: str, name: str, status: dict) -> dict:
-        """Merge-patch the status subresource; returns the status the server now holds. The
-        operator's one status writer (see handlers.py for why not kopf's patch)."""
+    def patch_status(self, namespace: str, name: str, status: dict, *,
+                     resource_version: Optional[str] = None) -> dict:
+        """Merge-patch the status subresource; returns the DDPJob as the server now holds it.
+        The operator's one status writer (see handlers.py for why not kopf's patch).
+
+        ``resource_version``: the write's precondition. The API server refuses the patch (409
+        Conflict) when the job has changed since that version, as client-go's Update does: a
+        write that was decided on an older view, say that of a leader stopped mid-pass whose
+        successor has written since, never lands over the newer one (docs/security.md)."""
         path = (f"/apis/{names.API_GROUP}/{names.API_VERSION}/namespaces/{namespace}/"
                 f"{names.PLURAL}/{name}/status")
-        obj = self.request("PATCH", path, {"status": status}, what=f"patch status of {name}",
-                           content_type="application/merge-patch+json")
-        return obj.get("status") or {}
+        patch: dict = {"status": status}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        return self.request("PATCH", path, patch, what=f"patch status of {name}",
+                            content_type="application/merge-patch+json")
 
     def create_service(self, service: dict) -> Optional[dict]:
         """Create the job's Service; None once created. If one of that name exists already, it

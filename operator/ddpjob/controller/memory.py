@@ -60,6 +60,12 @@ class JobMemory:
     nothing but a few idempotent requests: the status and the pods hold the truth."""
 
     status: Optional[JobStatus] = None  # the status last written; authoritative once set
+    # The job's resourceVersion that write left (None: not known), the precondition of the next
+    # status write when the watch has not shown a newer one yet (act.write_status).
+    written_version: Optional[str] = None
+    # A status write refused as stale (409 Conflict) at this version: passes wait until the
+    # watch brings a newer job, never acting on the view known to be old.
+    stale_version: Optional[str] = None
     parsed: Optional[tuple[Any, spec.DDPJob]] = None  # ((generation, uid, labels), job)
     gone_uids: set[str] = field(default_factory=set)  # deleted, whatever a stale watch says
     creations: Creations = field(default_factory=Creations)

@@ -20,7 +20,8 @@ RECONCILE_SECONDS = Histogram(
     "ddpjob_reconcile_duration_seconds", "Duration of one reconcile pass (its API requests included).",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 RECONCILE_ERRORS = Counter(
-    "ddpjob_reconcile_errors_total", "Reconcile passes that ended in an error (kind: api or bug).", ["kind"])
+    "ddpjob_reconcile_errors_total", "Reconcile passes that ended in an error (kind: api, bug, or conflict: "
+    "a status write refused because the job changed since the pass read it).", ["kind"])
 GANG_RESTARTS = Counter(
     "ddpjob_gang_restarts_total", "Gang restarts, by the status reason (RetryableFailure, Stalled).", ["reason"])
 POD_CREATION_SECONDS = Histogram(

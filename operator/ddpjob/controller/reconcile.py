@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from ddpjob.api import node_exclusion, spec
 from ddpjob.api.status import RUNNING, STATUS_MESSAGE_LIMIT, JobStatus, shorten
 from ddpjob.controller import entry_asks, kueue, metrics
-from ddpjob.controller.act import RELABELS_AT_ONCE, Acted, PostEvent, act, act_on_workload, write_status
+from ddpjob.controller.act import (RELABELS_AT_ONCE, Acted, PostEvent, act, act_on_workload, newest_version,
+                                   write_status)
 from ddpjob.controller.decide import decide, decide_invalid, refuse_creation
 from ddpjob.controller.kube import NOT_LEADER, ApiError, KubeApi
 from ddpjob.controller.memory import Creations, ErrorBackoff, InPlaceMemory, JobMemory, ProgressPolling
@@ -71,6 +72,8 @@ def reconcile(
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None  # being deleted: the garbage collector takes the children
+    if _known_stale(meta, memory):
+        return _backoff(memory, settings)
     now = now or dt.datetime.now(dt.timezone.utc)
     status = memory.status if memory.status is not None else JobStatus.from_dict(body.get("status"))
     pods = visible_pods(pods, memory)
@@ -148,6 +151,8 @@ def _requeue_after(acted: Acted, plan: Plan, memory: JobMemory, now: dt.datetime
 
 def _on_api_error(body: Mapping[str, Any], exc: ApiError, plan: Plan, memory: JobMemory, kube: KubeApi,
                   settings: OperatorSettings, post_event: PostEvent) -> Optional[float]:
+    if exc.conflict and exc.what.startswith("patch status"):
+        return _on_status_conflict(body, exc, memory, settings)
     metrics.RECONCILE_ERRORS.labels("api").inc()
     delay = _report_error(body, exc, memory, kube, settings, post_event)
     if (delay is not None and memory.creations.of(plan.attempt).refused
@@ -156,6 +161,40 @@ def _on_api_error(body: Mapping[str, Any], exc: ApiError, plan: Plan, memory: Jo
         # in seconds; the status names the refusal meanwhile (and in a StartupTimeout).
         delay = min(delay, settings.creation_retry_max_seconds)
     return delay
+
+
+def _on_status_conflict(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
+                        settings: OperatorSettings) -> float:
+    """The status write found the job changed since the version the pass saw (another writer:
+    a new leader while this one was stopped, a user's edit the watch had not brought yet). The
+    status goes first in a pass, so nothing of this one was done. What this worker remembered
+    of the status is dropped, not reported: the next pass starts from the job as the watch
+    brings it, which the change that conflicted wakes (the backoff is for a watch that lags)."""
+    metrics.RECONCILE_ERRORS.labels("conflict").inc()
+    logger.info("%s: status not written, the job changed since this pass read it: %s",
+                (body.get("metadata") or {}).get("name", "?"), exc.message)
+    memory.stale_version = newest_version((body.get("metadata") or {}).get("resourceVersion"),
+                                          memory.written_version)
+    memory.status, memory.written_version = None, None
+    memory.errors.consecutive += 1
+    return _backoff(memory, settings)
+
+
+def _known_stale(meta: Mapping[str, Any], memory: JobMemory) -> bool:
+    """The job as this pass has it is no newer than the version a status write was refused at
+    (the refused view itself, or older): the watch has not brought the change that conflicted."""
+    seen = meta.get("resourceVersion")
+    if memory.stale_version is None or not seen:
+        return False
+    if newest_version(seen, memory.stale_version) == memory.stale_version:
+        return True
+    memory.stale_version = None
+    return False
+
+
+def _backoff(memory: JobMemory, settings: OperatorSettings) -> float:
+    delay = settings.error_backoff_seconds * 2 ** (max(1, memory.errors.consecutive) - 1)
+    return min(delay, settings.error_backoff_max_seconds)
 
 
 def _standing(job: spec.DDPJob, status: JobStatus, workloads: Sequence[kueue.WorkloadView],
@@ -201,5 +240,4 @@ def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
             write_status(body, errored, memory, kube)
         except ApiError as again:  # the API server itself is unreachable: the log has it
             logger.warning("%s: could not write the error to the status: %s", name, again)
-    delay = settings.error_backoff_seconds * 2 ** (memory.errors.consecutive - 1)
-    return min(delay, settings.error_backoff_max_seconds)
+    return _backoff(memory, settings)
