@@ -146,3 +146,34 @@ def test_a_pass_that_waited_for_a_thread_sees_the_pods_as_they_are_when_it_start
             await runtime.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_whose_status_write_was_refused_as_stale_is_woken_by_the_newer_job():
+    """Another writer moved the job on; this worker's write, decided on the older view, is
+    refused (409 Conflict). The next version the watch brings wakes the worker, even one whose
+    only change is the status (which otherwise wakes nobody), long before its error backoff."""
+    async def scenario():
+        runtime, kube = workqueue.Runtime(), FakeKube()
+        runtime.start(OperatorSettings(coalesce_seconds=0.001, error_backoff_seconds=30), lambda s: kube)
+        try:
+            first = body()
+            first["metadata"]["resourceVersion"] = str(kube.resource_version)
+            runtime.observe(None, first, {})
+            await eventually(lambda: "create_pods" in kube.kinds())
+            worker = runtime.workers[("ns", "train")]
+            kube.resource_version += 10  # someone else writes: the worker's view is old now
+            relabelled = body()
+            relabelled["metadata"].update(resourceVersion=first["metadata"]["resourceVersion"],
+                                          labels={"team": "a"})  # wakes the worker, still at the old version
+            runtime.observe("MODIFIED", relabelled, {})
+            await eventually(lambda: worker.memory.stale_version is not None)
+            refused = len(kube.preconditions)
+            newer = body(status=kube.status)
+            newer["metadata"].update(resourceVersion=str(kube.resource_version), labels={"team": "a"})
+            runtime.observe("MODIFIED", newer, {})  # a status-only change of the job
+            await eventually(lambda: len(kube.preconditions) > refused and worker.memory.stale_version is None)
+            assert kube.preconditions[-1] == newer["metadata"]["resourceVersion"]
+        finally:
+            await runtime.stop()
+
+    asyncio.run(scenario())

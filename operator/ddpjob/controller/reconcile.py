@@ -169,7 +169,8 @@ def _on_status_conflict(body: Mapping[str, Any], exc: ApiError, memory: JobMemor
     a new leader while this one was stopped, a user's edit the watch had not brought yet). The
     status goes first in a pass, so nothing of this one was done. What this worker remembered
     of the status is dropped, not reported: the next pass starts from the job as the watch
-    brings it, which the change that conflicted wakes (the backoff is for a watch that lags)."""
+    brings it: any newer version wakes the worker (workqueue.JobWorker.update), and the
+    backoff is for a watch that lags."""
     metrics.RECONCILE_ERRORS.labels("conflict").inc()
     logger.info("%s: status not written, the job changed since this pass read it: %s",
                 (body.get("metadata") or {}).get("name", "?"), exc.message)

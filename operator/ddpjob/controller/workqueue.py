@@ -109,9 +109,11 @@ class JobWorker:
 
     def update(self, body: Mapping[str, Any]) -> None:
         """A new version of the DDPJob. Only a spec change (generation), a label change (the
-        Kueue queue label) or a deletion needs a pass; the events of our own status writes do not."""
+        Kueue queue label) or a deletion needs a pass; the events of our own status writes do not,
+        unless a status write of this worker was refused as stale (any newer version is then
+        the one the worker waits for: reconcile._on_status_conflict)."""
         old, self.body = self.body, body
-        if _essential(old) != _essential(body):
+        if _essential(old) != _essential(body) or self.memory.stale_version is not None:
             self.wakeup.set()
 
     def post_event(self, event: Event) -> None:
