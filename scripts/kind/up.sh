@@ -25,6 +25,7 @@ start=$SECONDS
 stage() { log "[$((SECONDS - start)) s] $*"; }
 
 use_docker
+user_kubectl="$(command -v kubectl || true)"  # the user's own; else the one built below is printed
 stage "binaries and images (scripts/kind/prepare.sh; cached)"
 bash "$KIND_SCRIPTS/prepare.sh"
 if registry_reachable; then
@@ -125,3 +126,5 @@ kubectl -n ddpjob-system rollout restart deployment/ddpjob-operator >/dev/null
 kubectl -n ddpjob-system rollout status deployment/ddpjob-operator --timeout=300s >/dev/null
 stage "operator Ready"
 echo "export KUBECONFIG=$KUBECONFIG_FILE"
+# No kubectl of the user's own: the README's next command needs the one of the cluster's version.
+[[ -n "$user_kubectl" || -z "${BIN:-}" ]] || echo "export PATH=\"$BIN:\$PATH\""

@@ -1,21 +1,90 @@
 """End-to-end: real training jobs from `kubectl apply` to Succeeded."""
 from __future__ import annotations
 
+import os
+import queue
+import re
+import shlex
+import subprocess
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
+from tests.testbed.kube import kubectl_binary
+
 from .e2e_support import (  # noqa: F401 - e2e is a fixture
-    EXAMPLES, ONE_THREAD_ENV, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, table_rows, terminated_state,
-    trainer_events,
+    EXAMPLES, ONE_THREAD_ENV, REPO_ROOT, TINY_TRAINING_ARGS, ddpjob_manifest, e2e, table_rows,
+    terminated_state, trainer_events,
 )
 
 pytestmark = pytest.mark.cluster
 TRAINING_TIMEOUT = 240  # seconds; a run takes 20-40 s on 2 cores
 
 
+def readme_kind_quick_start() -> list[str]:
+    """The commands of the README's "Try it on a laptop (kind)" block, comments dropped."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Try it on a laptop (kind)", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    lines = (line.split("#", 1)[0].strip() for line in block.splitlines())
+    return [line for line in lines if line]
+
+
+def namespaced_kubeconfig(kubectl, namespace: str, path: Path) -> dict:
+    """The environment of a user whose kubeconfig is the cluster's with ``namespace`` as its
+    context's: the README's commands then run as written, in the test's own namespace."""
+    path.write_text(kubectl("config", "view", "--raw", "--minify").stdout)
+    env = {**os.environ, "KUBECONFIG": str(path)}
+    subprocess.run([kubectl_binary(), "config", "set-context", "--current", f"--namespace={namespace}"],
+                   env=env, check=True, capture_output=True)
+    return env
+
+
+def watch_until(command: list[str], env: dict, done, timeout: float) -> list[str]:
+    """The lines ``command`` prints until one satisfies ``done`` (then it is stopped)."""
+    proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                seen.append(lines.get(timeout=1).rstrip("\n"))
+            except queue.Empty:
+                if proc.poll() is not None:
+                    break
+                continue
+            if done(seen[-1]):
+                return seen
+    finally:
+        proc.kill()
+        proc.wait()
+    raise AssertionError(f"{shlex.join(command)}: never printed the line waited for:\n" + "\n".join(seen))
+
+
 @pytest.mark.kubelet
-def test_example_trains_to_success_with_falling_loss(e2e, kubectl):
-    """examples/ddpjob.yaml, unchanged, with kubectl."""
-    kubectl("apply", "-n", e2e.namespace, "-f", str(EXAMPLES / "ddpjob.yaml"))
+def test_example_trains_to_success_with_falling_loss(e2e, kubectl, tmp_path):
+    """The README's kind quick start word for word (its kubectl lines as written, in the test's
+    namespace through the kubeconfig's context): examples/ddpjob.yaml, unchanged, trains to
+    Succeeded with a falling loss, and `kubectl get ddpjobs -w` shows it get there."""
+    commands = readme_kind_quick_start()
+    assert commands == ["make kind-up", "export KUBECONFIG=~/.cache/ddpjob/kind/ddpjob.kubeconfig",
+                        "kubectl apply -f examples/ddpjob.yaml", "kubectl get ddpjobs -w",
+                        "make kind-down"], commands
+    if not e2e.local and not os.environ.get("DDPJOB_CACHE"):  # the file make kind-up writes
+        written = Path(commands[1].split("=", 1)[1]).expanduser()
+        assert Path(os.environ["KUBECONFIG"]).resolve() == written.resolve()
+    env = namespaced_kubeconfig(kubectl, e2e.namespace, tmp_path / "user.kubeconfig")
+    apply = subprocess.run([kubectl_binary(), *shlex.split(commands[2])[1:]], env=env, cwd=REPO_ROOT,
+                           capture_output=True, text=True)
+    assert apply.returncode == 0 and "ddpjob.dev/ddpjob-example created" in apply.stdout, apply
+    watched = watch_until([kubectl_binary(), *shlex.split(commands[3])[1:]], env,
+                          lambda line: line.split()[:2] == ["ddpjob-example", "Succeeded"], TRAINING_TIMEOUT)
+    assert watched[0].split()[:2] == ["NAME", "PHASE"], watched
     status = e2e.wait_until_finished("ddpjob-example", TRAINING_TIMEOUT)
     assert status["phase"] == "Succeeded", status
     assert (status["reason"], status["restarts"], status["nnodes"]) == ("AllNodesSucceeded", 0, 2)
