@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import yaml
 
+from ddpjob.api import names
 from ddpjob.cli.main import build_parser, main
 from ddpjob.client import cluster, job_table, job_wait
 
@@ -273,6 +274,13 @@ def test_bash_completion_completes_commands_flags_and_job_names(tmp_path, capsys
 
 
 # --- submit --follow ------------------------------------------------------------------------------
+def node_pod(job_name: str, rank: int) -> dict:
+    """A node pod of ``job(job_name)`` as the operator makes it (its labels, name and owner)."""
+    return {"metadata": {"name": names.node_pod_name(job_name, rank), "uid": f"pod-{rank}",
+                         "labels": {names.LABEL_JOB_NAME: job_name, names.LABEL_NODE_RANK: str(rank)},
+                         "ownerReferences": [{"kind": names.KIND, "uid": f"uid-{job_name}", "controller": True}]}}
+
+
 @pytest.fixture
 def submitting(fake_cluster, monkeypatch, tmp_path):
     """`ddpjob submit` against the fake: the job appears on create; ``pods`` says when pods exist."""
@@ -310,7 +318,7 @@ def test_submit_follow_prints_the_logs_and_exits_with_the_result(fake_cluster, s
         job("train", "Pending", namespace="default", reason="ImageNotPulled", message="pull it: make push"),
         job("train", "Running", namespace="default"),
         job("train", "Failed", namespace="default", reason="PodFailedPermanent", message="exit 2")]
-    submitting["pods"] = [{"metadata": {"name": "train-node-0"}}]
+    submitting["pods"] = [node_pod("train", 0), node_pod("train", 1)]
     code, out, err = run(capsys, "submit", submitting["script"], "--follow")
     assert code == 1, err
     assert out == "ddpjob.ddpjob.dev/train\nnode-0 | hello\n"
@@ -322,11 +330,27 @@ def test_submit_follow_prints_the_logs_and_exits_with_the_result(fake_cluster, s
 def test_submit_follow_without_logs_still_waits_for_the_result(fake_cluster, submitting, capsys):
     fake_cluster["reads"]["train"] = [None, job("train", "Running", namespace="default"),
                                       job("train", "Succeeded", namespace="default")]
-    submitting["pods"], submitting["log_code"] = [{"metadata": {"name": "train-node-0"}}], 1
+    submitting["pods"], submitting["log_code"] = [node_pod("train", 0), node_pod("train", 1)], 1
     code, _, err = run(capsys, "submit", submitting["script"], "--follow")
     assert code == 0, err
     assert "the kubelet does not serve logs here" in err and "waiting for the job's result" in err
     assert err.rstrip().endswith("DDPJob default/train: Succeeded")
+
+
+def test_submit_follow_starts_the_logs_once_every_node_has_its_pod(fake_cluster, submitting, capsys, monkeypatch):
+    """The operator creates the pods one by one; following at the first would leave out the
+    nodes whose pods came after it (seen on kind under load: node 1's lines missing)."""
+    listings = iter([[node_pod("train", 0)], [node_pod("train", 0), node_pod("other", 1)],
+                     [node_pod("train", 0), node_pod("train", 1)]])
+    from ddpjob.client import cluster as cluster_module
+    monkeypatch.setattr(cluster_module, "list_pods", lambda conn, ns, selector: next(listings))
+    fake_cluster["reads"]["train"] = [None, job("train", "Pending", namespace="default"),
+                                      job("train", "Pending", namespace="default"),
+                                      job("train", "Running", namespace="default"),
+                                      job("train", "Succeeded", namespace="default")]
+    code, out, err = run(capsys, "submit", submitting["script"], "--follow")
+    assert code == 0, err
+    assert submitting["logs"] == [("train", True)] and next(listings, None) is None  # after the third listing
 
 
 def test_submit_without_follow_prints_kubectls_name_line(fake_cluster, submitting, capsys):

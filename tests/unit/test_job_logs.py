@@ -355,6 +355,43 @@ def test_follow_goes_on_into_a_nodes_next_run_until_the_job_is_finished(monkeypa
     assert [line for line in out.splitlines() if "run" in line] == ["node-0 | run one", "node-0 | run two"], out
 
 
+def test_follow_waits_for_a_container_still_being_created_then_reads_it(monkeypatch):
+    """`ddpjob logs -f` (and `submit --follow`) right after the job's creation, on a busy
+    cluster: node 1's container is still being created, and the kubelet answers its log with a
+    400. Its node is waited for like a next run, then read; before, it was reported unreadable
+    and `submit --follow` gave up on the logs (seen on kind under load)."""
+    creating = {**pod(1), "status": {"containerStatuses": [
+        {"name": names.CONTAINER_NAME, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    started = threading.Event()
+    jobs = iter([JOB, JOB])
+
+    def list_pods(conn, ns, selector):
+        if names.LABEL_NODE_RANK not in selector:
+            return [pod(0), creating]
+        if selector.endswith(f"{names.LABEL_NODE_RANK}=0"):
+            return [pod(0)]
+        started.set()  # node 1's own listing: by now its container is up
+        return [pod(1)]
+
+    def pod_log(conn, ns, name, container, **kwargs):
+        if name == "train-node-1" and not started.is_set():
+            raise cluster.ClusterError('container "trainer" in pod "train-node-1" is waiting to start: '
+                                       "ContainerCreating", 400)
+        return FakeStream(LOGS[name].encode())
+
+    monkeypatch.setattr(cluster, "connect", lambda kubeconfig, context: object())
+    monkeypatch.setattr(cluster, "get_job", lambda conn, ns, name: next(jobs, FINISHED))
+    monkeypatch.setattr(cluster, "list_pods", list_pods)
+    monkeypatch.setattr(cluster, "pod_log", pod_log)
+    monkeypatch.setattr(logs_command, "NEXT_RUN_POLL_SECONDS", 0.01)
+    out, err = io.StringIO(), io.StringIO()
+    args = build_parser().parse_args(["logs", "train", "-n", "ns", "-f"])
+    assert args.handler(args, out, err) == 0, err.getvalue()
+    assert err.getvalue() == ""
+    lines = out.getvalue().splitlines()
+    assert "node-0 | n0 a1" in lines and "node-1 | n1 a0" in lines and "node-1 | n1 a1" in lines, lines
+
+
 def test_follow_ends_when_the_job_finishes_without_a_next_run(monkeypatch):
     code, out, err = run_logs(monkeypatch, "-f", "--rank", "1")
     assert code == 0 and out.splitlines()[-1] == "node-1 | n1 a1", (out, err)

@@ -259,12 +259,15 @@ def _follow(readers: list[_PodReader], attempt: Optional[int], out: TextIO) -> i
     def read(reader: _PodReader) -> None:
         try:
             while not stop.is_set():
-                for line in reader.lines():
-                    if stop.is_set():
+                # A container still being created has no log yet (the kubelet answers 400): its
+                # node is waited for like a next run, not reported as unreadable.
+                if reader.pod.started:
+                    for line in reader.lines():
+                        if stop.is_set():
+                            return
+                        put(line)
+                    if reader.error:
                         return
-                    put(line)
-                if reader.error:
-                    return
                 successor = _next_run(reader, stop)
                 if successor is None:
                     return

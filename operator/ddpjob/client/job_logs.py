@@ -104,13 +104,14 @@ def _container_run(pod: dict) -> tuple[int, bool]:
 
 
 def next_run(job: Optional[dict], pods: Iterable[dict], followed: NodePod) -> tuple[Optional[NodePod], bool]:
-    """After the log of ``followed`` ended: (the node's next run to follow, if it has started:
-    a new pod for the rank, or its container restarted by the kubelet; whether to keep waiting
-    for one: the job is still there and not finished)."""
+    """After the log of ``followed`` ended, or before it began (its container not started yet:
+    no log to read): (the node's next run to follow, if it has started: a new pod for the rank,
+    its container restarted by the kubelet, or ``followed`` itself once its container is up;
+    whether to keep waiting for one: the job is still there and not finished)."""
     if job is None:
         return None, False
     for pod in job_pods(job, pods):
-        if pod.node_rank == followed.node_rank and pod.run != followed.run and pod.started:
+        if pod.node_rank == followed.node_rank and pod.started and (pod.run != followed.run or not followed.started):
             return pod, True
     phase = (job.get("status") or {}).get("phase")
     return None, phase not in FINISHED_PHASES
