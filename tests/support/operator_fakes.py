@@ -84,7 +84,7 @@ class FakeKube:
             raise self.status_error
         if resource_version is not None and resource_version != str(self.resource_version):
             raise ApiError(409, "Conflict", "the object has been modified; please apply your changes "
-                           "to the latest version and try again", f"patch status of {name}")
+                           "to the latest version and try again", f"patch status of DDPJob {name}")
         # As the API server does with a JSON merge patch: a null removes, a left-out key stays.
         self.status = apply_merge_patch(self.status or {}, status)
         self.resource_version += 1

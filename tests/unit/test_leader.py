@@ -523,6 +523,39 @@ def test_a_status_write_is_conditional_on_the_newest_version_the_worker_knows():
     assert kube.preconditions[-1] == "105" and kube.status["phase"] == "Succeeded"
 
 
+def test_a_refused_write_holds_the_worker_back_a_bounded_time_only():
+    """The watch may never bring a newer job (a conflict it missed, a relist that lags): after
+    STALE_WAIT_SECONDS the passes go on with what they have, their writes still conditional."""
+    from ddpjob.controller.reconcile import STALE_WAIT_SECONDS
+    from tests.support.operator_fakes import at
+
+    kube, memory = FakeKube(), JobMemory()
+    run_pass(_at(body(), kube.resource_version), [], memory, kube, now=at(0))
+    stale = _at(body(status=copy.deepcopy(kube.status)), kube.resource_version)
+    kube.resource_version += 5  # someone else wrote
+    running = [view(0), view(1)]
+    run_pass(stale, running, memory, kube, now=at(1))  # refused: the job moved on
+    assert memory.stale_version == stale["metadata"]["resourceVersion"]
+    sent = len(kube.log)
+    run_pass(stale, running, memory, kube, now=at(1 + STALE_WAIT_SECONDS - 1))
+    assert len(kube.log) == sent  # still waiting for the newer job
+    run_pass(stale, running, memory, kube, now=at(2 + STALE_WAIT_SECONDS))
+    assert kube.log[sent:] == [("patch_status", "Running", "AllNodesRunning")]  # it went on: refused again
+    assert kube.preconditions[-1] == stale["metadata"]["resourceVersion"] and kube.status["phase"] == "Pending"
+    assert memory.stale_since == at(2 + STALE_WAIT_SECONDS)  # and waits again, from now
+
+
+def test_only_the_jobs_own_status_write_is_taken_for_it():
+    """A Workload's status conflict (Kueue writes it too) is an API error to retry, not a sign
+    that the job changed: taking it for one held the job's worker back for good (seen on the
+    test bed: a Kueue job whose pods had finished stayed Running)."""
+    from ddpjob.controller.kube import ApiError
+
+    assert ApiError(409, "Conflict", "modified", "patch status of DDPJob train").of_job_status
+    assert not ApiError(409, "Conflict", "modified", "patch status of Workload ddpjob-train").of_job_status
+    assert not ApiError(404, "NotFound", "gone", "patch status of Workload ddpjob-train").of_job_status
+
+
 @pytest.mark.parametrize("seen,written,newest", [
     ("100", "101", "101"), ("105", "101", "105"), ("99", "100", "100"),  # by value, not as text
     (None, "7", "7"), ("7", None, "7"), (None, None, None), ("abc", "101", "abc"),

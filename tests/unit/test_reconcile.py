@@ -98,7 +98,7 @@ def test_pods_refused_by_a_quota_are_retried_often_and_named_in_the_status():
 
 def test_an_unreachable_api_server_does_not_crash_the_pass():
     kube, memory, events = FakeKube(), JobMemory(), []
-    kube.status_error = ApiError(0, "MaxRetryError", "connection refused", "patch status of train")
+    kube.status_error = ApiError(0, "MaxRetryError", "connection refused", "patch status of DDPJob train")
     assert run_pass(body(), [], memory, kube, events) == 1.0
     assert "create_pods" not in kube.kinds()  # no intent written, no pods
     assert events[-1].reason == "ReconcileError"

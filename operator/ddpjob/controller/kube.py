@@ -78,6 +78,11 @@ def _decoded(raw: bytes) -> dict:
     return data if isinstance(data, dict) else {"message": str(data)[:500]}
 
 
+# What the DDPJob's own status write is called in its errors (``ApiError.what``); the Workload's
+# is "patch status of Workload NAME" and must never be taken for it.
+JOB_STATUS_WRITE = "patch status of DDPJob"
+
+
 class ApiError(Exception):
     """A failed request: HTTP status, the API's reason (AlreadyExists, NotFound, ...) and message."""
 
@@ -92,6 +97,11 @@ class ApiError(Exception):
     @property
     def not_found(self) -> bool:
         return self.status == 404
+
+    @property
+    def of_job_status(self) -> bool:
+        """The failed request was the DDPJob's status write (``Kube.patch_status``)."""
+        return self.what.startswith(JOB_STATUS_WRITE + " ")
 
     @property
     def conflict(self) -> bool:
@@ -238,7 +248,7 @@ class Kube:
         patch: dict = {"status": status}
         if resource_version:
             patch["metadata"] = {"resourceVersion": resource_version}
-        return self.request("PATCH", path, patch, what=f"patch status of {name}",
+        return self.request("PATCH", path, patch, what=f"{JOB_STATUS_WRITE} {name}",
                             content_type="application/merge-patch+json")
 
     def create_service(self, service: dict) -> Optional[dict]:

@@ -66,6 +66,7 @@ class JobMemory:
     # A status write refused as stale (409 Conflict) at this version: passes wait until the
     # watch brings a newer job, never acting on the view known to be old.
     stale_version: Optional[str] = None
+    stale_since: Optional[dt.datetime] = None  # when it was refused (the wait is bounded)
     parsed: Optional[tuple[Any, spec.DDPJob]] = None  # ((generation, uid, labels), job)
     gone_uids: set[str] = field(default_factory=set)  # deleted, whatever a stale watch says
     creations: Creations = field(default_factory=Creations)

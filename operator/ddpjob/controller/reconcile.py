@@ -72,9 +72,9 @@ def reconcile(
     meta = body.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None  # being deleted: the garbage collector takes the children
-    if _known_stale(meta, memory):
-        return _backoff(memory, settings)
     now = now or dt.datetime.now(dt.timezone.utc)
+    if _known_stale(meta, memory, now):
+        return _backoff(memory, settings)
     status = memory.status if memory.status is not None else JobStatus.from_dict(body.get("status"))
     pods = visible_pods(pods, memory)
     job: Optional[spec.DDPJob] = None
@@ -96,6 +96,8 @@ def reconcile(
             act_on_workload(job, written, pods, _standing(job, written, workloads, settings), memory, kube, now)
         requeue = _requeue_after(acted, plan, memory, now, settings)
     except ApiError as exc:
+        if exc.conflict and exc.of_job_status:
+            return _on_status_conflict(body, exc, memory, settings, now)
         return _on_api_error(body, exc, plan, memory, kube, settings, post_event)
     except Exception as exc:  # a bug must reach the user too, not only the operator's log
         logger.exception("%s: reconcile failed", meta.get("name"))
@@ -151,8 +153,6 @@ def _requeue_after(acted: Acted, plan: Plan, memory: JobMemory, now: dt.datetime
 
 def _on_api_error(body: Mapping[str, Any], exc: ApiError, plan: Plan, memory: JobMemory, kube: KubeApi,
                   settings: OperatorSettings, post_event: PostEvent) -> Optional[float]:
-    if exc.conflict and exc.what.startswith("patch status"):
-        return _on_status_conflict(body, exc, memory, settings)
     metrics.RECONCILE_ERRORS.labels("api").inc()
     delay = _report_error(body, exc, memory, kube, settings, post_event)
     if (delay is not None and memory.creations.of(plan.attempt).refused
@@ -164,10 +164,11 @@ def _on_api_error(body: Mapping[str, Any], exc: ApiError, plan: Plan, memory: Jo
 
 
 def _on_status_conflict(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
-                        settings: OperatorSettings) -> float:
+                        settings: OperatorSettings, now: dt.datetime) -> float:
     """The status write found the job changed since the version the pass saw (another writer:
     a new leader while this one was stopped, a user's edit the watch had not brought yet). The
-    status goes first in a pass, so nothing of this one was done. What this worker remembered
+    status is a pass's first write, so nothing else of this one was done (the second write of
+    the one pass that writes twice follows creations, which are idempotent). What this worker remembered
     of the status is dropped, not reported: the next pass starts from the job as the watch
     brings it: any newer version wakes the worker (workqueue.JobWorker.update), and the
     backoff is for a watch that lags."""
@@ -176,20 +177,29 @@ def _on_status_conflict(body: Mapping[str, Any], exc: ApiError, memory: JobMemor
                 (body.get("metadata") or {}).get("name", "?"), exc.message)
     memory.stale_version = newest_version((body.get("metadata") or {}).get("resourceVersion"),
                                           memory.written_version)
+    memory.stale_since = now
     memory.status, memory.written_version = None, None
     memory.errors.consecutive += 1
     return _backoff(memory, settings)
 
 
-def _known_stale(meta: Mapping[str, Any], memory: JobMemory) -> bool:
+# How long passes wait for the watch to bring a job newer than a refused status write; then
+# they go on with what they have (every status write is still conditional: an older view is
+# refused again, never written).
+STALE_WAIT_SECONDS = 30.0
+
+
+def _known_stale(meta: Mapping[str, Any], memory: JobMemory, now: dt.datetime) -> bool:
     """The job as this pass has it is no newer than the version a status write was refused at
     (the refused view itself, or older): the watch has not brought the change that conflicted."""
     seen = meta.get("resourceVersion")
-    if memory.stale_version is None or not seen:
+    if memory.stale_version is None:
         return False
-    if newest_version(seen, memory.stale_version) == memory.stale_version:
+    since = memory.stale_since or now
+    if (seen and newest_version(seen, memory.stale_version) == memory.stale_version
+            and (now - since).total_seconds() < STALE_WAIT_SECONDS):
         return True
-    memory.stale_version = None
+    memory.stale_version, memory.stale_since = None, None
     return False
 
 
@@ -221,7 +231,7 @@ def _report_error(body: Mapping[str, Any], exc: ApiError, memory: JobMemory,
     """Make the error visible: status reason ReconcileError (the phase is left as it was) and a
     Warning event; then retry with an exponential backoff."""
     name = (body.get("metadata") or {}).get("name", "?")
-    if exc.not_found and exc.what.startswith("patch status"):
+    if exc.not_found and exc.of_job_status:
         return None  # the DDPJob itself is gone; its DELETED event stops this worker
     if exc.reason == NOT_LEADER:
         # This replica's leadership ran out mid-pass (it is about to exit): it writes nothing
