@@ -3,8 +3,9 @@ as the exit code (``job_wait``'s codes), as `torchx run`, `sky launch` and `ray 
 
 Until every node's pod is there, the job's status line is printed whenever it changes (a queue,
 an image the nodes cannot pull: the reason and what to do). Then every node's log, merged, as
-`ddpjob logs -f` prints it (a node whose container is still being created is waited for). A log that cannot be read (a cluster whose kubelets do not serve
-logs to you) is said once, and the wait for the result goes on: the exit code is the job's.
+`ddpjob logs -f` prints it (a node whose container is still being created is waited for). A
+log that cannot be read (a cluster whose kubelets do not serve logs to you) is said once, and
+the wait for the result goes on: the exit code is the job's.
 """
 from __future__ import annotations
 

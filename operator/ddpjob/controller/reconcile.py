@@ -168,10 +168,10 @@ def _on_status_conflict(body: Mapping[str, Any], exc: ApiError, memory: JobMemor
     """The status write found the job changed since the version the pass saw (another writer:
     a new leader while this one was stopped, a user's edit the watch had not brought yet). The
     status is a pass's first write, so nothing else of this one was done (the second write of
-    the one pass that writes twice follows creations, which are idempotent). What this worker remembered
-    of the status is dropped, not reported: the next pass starts from the job as the watch
-    brings it: any newer version wakes the worker (workqueue.JobWorker.update), and the
-    backoff is for a watch that lags."""
+    the one pass that writes twice follows creations, which are idempotent). What this worker
+    remembered of the status is dropped, not reported: the next pass starts from the job as
+    the watch brings it: any newer version wakes the worker (workqueue.JobWorker.update), and
+    the backoff is for a watch that lags."""
     metrics.RECONCILE_ERRORS.labels("conflict").inc()
     logger.info("%s: status not written, the job changed since this pass read it: %s",
                 (body.get("metadata") or {}).get("name", "?"), exc.message)
