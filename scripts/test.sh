@@ -118,8 +118,11 @@ export PYTHONPATH="$PWD/operator:$PWD/trainer:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 touch "$kind_dir/setup-done"  # the kind suite may start: the project and its test tools are in
 rc=0
 # pytest exits 5 when no test was collected: that is a failure of this command, not a pass.
-if (($#)); then
-  timed "pytest (unit, multiprocess, cluster)" python3 -m pytest -ra "$@" || rc=$?
+# DDPJOB_TEST_LANES=2 splits tier 1 in two lanes (below). Off by default: with the kind tier
+# beside them the 2-core machine is CPU-bound (load 12), and a first-progress bound of 6 s in
+# tests/multiprocess/test_progress_stall.py failed under it (CI of f8313e5).
+if (($#)) || [[ "${DDPJOB_TEST_LANES:-1}" != 2 ]]; then
+  timed "pytest (unit, multiprocess, cluster)" python3 -m pytest -ra --durations=15 "$@" || rc=$?
 else
   # Tier 1 in two lanes at once, each with its own test bed (control plane, node agent, pod
   # bridge and CIDR: tests/testbed/testbed.py): the cluster tests mostly wait on pods and API
