@@ -27,6 +27,8 @@
 #                            before DDPJOB_TEST_LIMIT_S (default 1700): a late start prints "kind
 #                            tier NOT RUN" instead of being cut off half-way (a failure that
 #                            says nothing about the code).
+#   DDPJOB_TEST_LANES        2 (the default without pytest arguments): tier 1 in two lanes, each
+#                            on its own test bed (scripts/tier1-lane2.txt); 1: one lane.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/kind/lib.sh
@@ -118,10 +120,8 @@ export PYTHONPATH="$PWD/operator:$PWD/trainer:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 touch "$kind_dir/setup-done"  # the kind suite may start: the project and its test tools are in
 rc=0
 # pytest exits 5 when no test was collected: that is a failure of this command, not a pass.
-# DDPJOB_TEST_LANES=2 splits tier 1 in two lanes (below). Off by default: with the kind tier
-# beside them the 2-core machine is CPU-bound (load 12), and a first-progress bound of 6 s in
-# tests/multiprocess/test_progress_stall.py failed under it (CI of f8313e5).
-if (($#)) || [[ "${DDPJOB_TEST_LANES:-1}" != 2 ]]; then
+# Tier 1 runs in two lanes (below) unless DDPJOB_TEST_LANES=1 or pytest arguments are given.
+if (($#)) || [[ "${DDPJOB_TEST_LANES:-2}" != 2 ]]; then
   timed "pytest (unit, multiprocess, cluster)" python3 -m pytest -ra --durations=15 "$@" || rc=$?
 else
   # Tier 1 in two lanes at once, each with its own test bed (control plane, node agent, pod

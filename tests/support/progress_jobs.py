@@ -6,18 +6,23 @@ rank 1 hangs where ``HANG`` says: ``step`` (at step ``HANG_AT``, so rank 0 block
 all-reduce, as a stuck collective does) or ``init`` (before ``init_process_group``, so the
 rendezvous never completes). With ``FAIL_ON_ATTEMPT=N``, rank 0 of attempt N exits 1 before
 its rendezvous (before any report). A later attempt resumes from the checkpoint and finishes.
+With ``REPORT_BEFORE_IMPORT=1``, a later attempt reports the step it resumes at before it
+imports torch: on a loaded machine the import alone can outlast a test's short first-report
+bound, which is then meant for attempt 0's hang only.
 """
 from __future__ import annotations
 
 HANGING_SCRIPT = r'''
 import datetime, os, sys, time
-import torch
-import torch.distributed as dist
 from ddptrainer.report import report_progress
 
 steps, hang_at = int(os.environ.get("STEPS", "10")), int(os.environ.get("HANG_AT", "4"))
 hang, ckpt = os.environ.get("HANG", "step"), os.environ["CKPT"]
 attempt, rank = int(os.environ["DDPJOB_RESTART_ATTEMPT"]), int(os.environ["RANK"])
+if attempt > 0 and os.environ.get("REPORT_BEFORE_IMPORT") == "1":
+    report_progress(int(open(ckpt).read()) if os.path.exists(ckpt) else 0, steps, force=True)
+import torch
+import torch.distributed as dist
 torch.set_num_threads(1)
 
 
