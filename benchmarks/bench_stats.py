@@ -295,6 +295,24 @@ def parse_audit(lines: Iterable[str], username: str) -> list[AuditRecord]:
     return records
 
 
+def created_at(lines: Iterable[str], resource: str, namespace: str, name: str) -> Optional[float]:
+    """When the API server received the request that created ``resource`` ``namespace/name``
+    (whoever sent it), or None: the reference on the API server's own clock for figures taken
+    from its audit log (a watch stamps an object when it arrives, later on a loaded machine)."""
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        ref = event.get("objectRef") or {}
+        if (event.get("stage") == "ResponseComplete" and event.get("verb") == "create"
+                and ref.get("resource") == resource and not ref.get("subresource")
+                and ref.get("namespace") == namespace and ref.get("name") == name
+                and int((event.get("responseStatus") or {}).get("code") or 0) < 300):
+            return _epoch(event["requestReceivedTimestamp"])
+    return None
+
+
 STATUS_LATENCY_PARTS = {
     "operator": "pod change -> the operator's status write reaches the API server",
     "api": "the status write inside the API server",

@@ -97,6 +97,16 @@ class Watch(bc.NamespaceWatch):
     def finished(self, names: Sequence[str]) -> bool:
         return all(n in self.job_state and self.job_state[n].phase in TERMINAL for n in names)
 
+    def every_milestone(self, name: str, nnodes: int, timeout: float = 60) -> dict[str, float]:
+        """``milestones`` of a finished job once every one is known: the job's terminal phase
+        can come on its watch before its pods' last exit comes on theirs (a loaded CI machine:
+        the start figures read 'last exit: None')."""
+        def known(w: "Watch") -> Optional[dict[str, float]]:
+            t = milestones(w.pods, w.jobs, name, nnodes)
+            return t if all(v is not None for v in t.values()) else None  # type: ignore[return-value]
+
+        return self.wait(known, timeout, f"every milestone of {name} (its pods' exits)")
+
 
 def delete_all(bed: bc.Bed, watch: Watch, timeout: float = 600) -> None:
     """Delete the namespace's jobs, Services and pods and wait for the pods to be gone."""
@@ -167,7 +177,7 @@ def start_latency(bed: bc.Bed, system: System, runs: int, nnodes: int = 2) -> di
             watch.wait(lambda w: w.finished([name]), 300, f"{name} to finish")
             if watch.job_state[name].phase != "Succeeded":
                 raise RuntimeError(f"{system.title} {name} ended {watch.job_state[name].phase}")
-            t = milestones(watch.pods, watch.jobs, name, nnodes)
+            t = watch.every_milestone(name, nnodes)
             delete_all(bed, watch)
             if i == 0:
                 continue

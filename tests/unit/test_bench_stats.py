@@ -198,6 +198,19 @@ def test_parse_audit_keeps_the_users_completed_requests():
     assert bs.count_requests(records + records[:1]) == {"create pods": 2, "patch ddpjobs/status": 1}
 
 
+def test_created_at_is_the_api_servers_receipt_of_the_create_whoever_sent_it():
+    """The gang-size figures' reference: the job's create on the API server's clock, not when
+    a loaded watch saw it (that made 'pods created' negative)."""
+    lines = ['{"truncated',
+             audit_line("create", "ddpjobs", user="admin", name="other", start="2026-11-30T02:16:58Z"),
+             audit_line("create", "ddpjobs", user="admin", name="x", code=409, start="2026-11-30T02:16:58.5Z"),
+             audit_line("create", "ddpjobs", user="admin", stage="ResponseStarted"),
+             audit_line("create", "ddpjobs", user="admin", name="x", start="2026-11-30T02:17:00Z"),
+             audit_line("create", "ddpjobs", user="admin", name="x", subresource="status")]
+    assert bs.created_at(lines, "ddpjobs", "ns", "x") == bs._epoch("2026-11-30T02:17:00Z")
+    assert bs.created_at(lines, "ddpjobs", "other-ns", "x") is None
+
+
 # -- metrics, tables ------------------------------------------------------------------------
 METRICS = """\
 # HELP apiserver_request_duration_seconds [STABLE] Response latency

@@ -112,6 +112,16 @@ def test_a_goodput_counted_before_first_step_existed_keeps_its_percentage():
     assert later.firstStep is None and later.percent == "50%"
 
 
+def test_the_percentage_agrees_with_the_ratio_as_shown():
+    """0.469996 was shown as ratio 0.47 beside "46%" (kind): both come from the rounded ratio."""
+    going = timeline((0, PENDING), (30, Moment(running=True, step=3, ever_reported=True)),
+                     (40, Moment(running=True, step=5, ever_reported=True)))  # past the first step: trained
+    edge = goodput._figures(replace(going, trainingSeconds=46.9996, startingSeconds=53.0004))
+    assert edge.ratio == 0.47 and edge.percent == "47%"
+    below = goodput._figures(replace(going, trainingSeconds=46.9949, startingSeconds=53.0051))
+    assert below.ratio == 0.4699 and below.percent == "46%"
+
+
 def test_the_clock_never_runs_backwards():
     done = timeline((0, PENDING), (10, RUNNING_SILENT), (5, Moment(finished=True)))  # another replica's clock
     assert done.wallSeconds == 10 and min(done.trainingSeconds, done.startingSeconds) >= 0

@@ -122,13 +122,15 @@ def _add(goodput: Goodput, segment: str, seconds: float) -> Goodput:
 
 def _figures(goodput: Goodput) -> Goodput:
     wall = round(sum(getattr(goodput, b) for b in _BUCKETS.values()), 3)
-    ratio = goodput.trainingSeconds / wall if wall > 0 else 0.0
+    # The percentage from the ratio as shown, so that the two agree (0.469996 showed as ratio
+    # 0.47 and "46%": seen on kind).
+    ratio = round(goodput.trainingSeconds / wall, 4) if wall > 0 else 0.0
     percent = int(ratio * 100 + 1e-9)
     # Without a progress report nothing tells training from the rest of Running, and until a
     # report goes past the first one no step was trained (a gang that fails in its first step
     # every time): say so rather than a percentage ("training 100%", "training 99%").
     shown = f"{percent}%" if trained(goodput) else UNKNOWN
-    return replace(goodput, wallSeconds=wall, ratio=round(ratio, 4), percent=shown,
+    return replace(goodput, wallSeconds=wall, ratio=ratio, percent=shown,
                    summary=shorten(summary(goodput, wall, percent), GOODPUT_SUMMARY_LIMIT))
 
 
