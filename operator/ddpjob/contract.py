@@ -193,12 +193,17 @@ DDPJOB_PROGRESS_ADDRESS = "DDPJOB_PROGRESS_ADDRESS"
 #: Not set by the operator (yours to set in the template): ``0`` turns off the warm start of an
 #: in-place restart's workers (forked from a process that imported torch: ddptrainer/warm_start.py).
 DDPJOB_WARM_START = "DDPJOB_WARM_START"
+#: Not set by the operator (yours to set in the template): how long the first attempt's workers
+#: report progress before the warm process starts (its import and its idle interpreter are paid
+#: only by a job that trains that long; a failure before starts it at once).
+DDPJOB_WARM_START_AFTER_SECONDS = "DDPJOB_WARM_START_AFTER_SECONDS"
 
 RESTART_MODE_IN_PLACE = "InPlace"
 RESTART_MODE_RECREATE = "Recreate"
 RESTART_MODES = (RESTART_MODE_IN_PLACE, RESTART_MODE_RECREATE)  # the default first
 DEFAULT_RESTART_WAIT_SECONDS = 60
 DEFAULT_RESTART_GRACE_SECONDS = 30
+DEFAULT_WARM_START_AFTER_SECONDS = 60
 
 #: The line the pod entry point prints on stdout as each attempt starts (the pod's first, then
 #: each one it restarts in place), for ``ddpjob logs``: ``ddptrain-pod: attempt 1 starts (run

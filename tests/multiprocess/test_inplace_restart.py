@@ -131,6 +131,7 @@ def test_a_killed_worker_is_restarted_in_place_and_resumes(mp, tmp_path, trainer
                                DDPJOB_RENDEZVOUS_TIMEOUT_SECONDS="60",
                                DDPJOB_RESTART_GRACE_SECONDS="20",
                                DDPJOB_RESTART_WAIT_SECONDS="120",
+                               DDPJOB_WARM_START_AFTER_SECONDS="0",  # warm from the first report
                                DDPJOB_MASTER_PROGRESS_PORT=str(ports[0]))
             procs[rank] = mp.start(mp.pod_entry("--script", str(script), *mp.TINY, *TRAIN_ARGS,
                                                 "--checkpoint-dir", str(ckpt)), env, logs[rank])

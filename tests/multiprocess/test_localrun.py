@@ -397,9 +397,11 @@ KILLED_AFTER_A_CHECKPOINT = textwrap.dedent('''
 
 def run_killed_worker_job(tmp_path: Path, **spec) -> subprocess.CompletedProcess:
     """`ddpjob run` of KILLED_AFTER_A_CHECKPOINT: one process per node, 8 steps, a checkpoint
-    every 4, at most one restart."""
+    every 4, at most one restart. The warm process starts at the first report (it would at the
+    kill otherwise, the job being shorter than the default delay), so attempt 1 is warm."""
     script = tmp_path / "trainer.py"
     script.write_text(KILLED_AFTER_A_CHECKPOINT)
+    spec.setdefault("env", [{"name": contract.DDPJOB_WARM_START_AFTER_SECONDS, "value": "0"}])
     manifest = write_trainer_job(tmp_path, nprocPerNode=1, failurePolicy={"maxRestarts": 1}, **spec, args=[
         "--script", str(script), *TRAINER_ARGS[:TRAINER_ARGS.index("--max-steps")], "--max-steps", "8",
         "--checkpoint-every", "4", "--log-format", "json", "--log-every", "1",

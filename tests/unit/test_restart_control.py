@@ -502,3 +502,28 @@ def test_a_digest_that_is_not_one_turns_in_place_off_and_says_so(digest):
                contract.DDPJOB_RESTART_TOKEN: TOKEN, contract.DDPJOB_PROGRESS_PORT: "29400"}
     assert read_restart_settings(environ, said.append) is None
     assert said and contract.DDPJOB_RESTART_TOKEN_SHA256 in said[0]
+
+
+# --- when the warm process starts (DDPJOB_WARM_START_AFTER_SECONDS) ------------------------------
+@pytest.mark.parametrize("value, expected", [(None, contract.DEFAULT_WARM_START_AFTER_SECONDS), ("0", 0), ("5", 5)])
+def test_the_warm_start_delay_is_read_from_the_pod_environment(value, expected):
+    from ddptrainer.restart_control import read_restart_settings
+
+    environ = {contract.DDPJOB_RESTART_MODE: "InPlace", contract.DDPJOB_RESTART_TOKEN: TOKEN,
+               contract.DDPJOB_PROGRESS_PORT: "29400"}
+    if value is not None:
+        environ[contract.DDPJOB_WARM_START_AFTER_SECONDS] = value
+    settings = read_restart_settings(environ, lambda line: None)
+    assert settings is not None and settings.warm_start_after_seconds == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "1.5"])
+def test_a_warm_start_delay_that_is_no_count_of_seconds_is_refused_by_name(value):
+    from ddptrainer.restart_control import read_restart_settings
+    from ddptrainer.text import BadInteger
+
+    environ = {contract.DDPJOB_RESTART_MODE: "InPlace", contract.DDPJOB_RESTART_TOKEN: TOKEN,
+               contract.DDPJOB_PROGRESS_PORT: "29400", contract.DDPJOB_WARM_START_AFTER_SECONDS: value}
+    with pytest.raises(BadInteger) as raised:
+        read_restart_settings(environ, lambda line: None)
+    assert contract.DDPJOB_WARM_START_AFTER_SECONDS in str(raised.value) and value in str(raised.value)

@@ -242,6 +242,9 @@ def test_the_socket_is_in_a_folder_of_this_user_only(monkeypatch):
         def wait(self, timeout=None):
             return 0
 
+        def kill(self):  # a stop before it serves (no socket)
+            pass
+
     monkeypatch.setattr(warm_start.subprocess, "Popen", Process)
     starter = warm_start.WarmStart({"DDPJOB_STACKS_DIR": "/x", "PYTHONPATH": init_guard.site_dir()},
                                    log=lambda _m: None)
@@ -267,3 +270,62 @@ def test_the_warm_process_environment_leaves_out_the_per_worker_parts():
 def test_warm_start_is_on_unless_turned_off():
     assert warm_start.enabled({}) and warm_start.enabled({contract.DDPJOB_WARM_START: "1"})
     assert not warm_start.enabled({contract.DDPJOB_WARM_START: "0"})
+
+
+def _recording_warm(monkeypatch) -> tuple[warm_start.WarmStart, list[float]]:
+    handle = warm_start.WarmStart({}, lambda line: None)
+    started: list[float] = []
+
+    def start() -> None:  # what the real start does first: it is started from then on
+        started.append(time.monotonic())
+        handle._proc = object()  # type: ignore[assignment]
+
+    monkeypatch.setattr(handle, "start", start)
+    return handle, started
+
+
+def test_the_warm_process_starts_only_after_the_workers_have_reported_for_the_delay(tmp_path, monkeypatch):
+    """A job that ends (or fails) before the delay never pays for the warm process's import."""
+    handle, started = _recording_warm(monkeypatch)
+    handle.start_once_reporting(str(tmp_path), after_seconds=1.0, poll_seconds=0.05)
+    time.sleep(1.5)
+    assert started == []  # no report yet: however long the attempt runs, nothing starts
+    (tmp_path / "rank-0.json").write_text("{}")
+    reported_at = time.monotonic()
+    deadline = reported_at + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started, "the warm process never started"
+    assert started[0] - reported_at >= 0.9  # the delay runs from the first report
+
+
+def test_with_no_delay_the_warm_process_starts_at_the_first_report(tmp_path, monkeypatch):
+    handle, started = _recording_warm(monkeypatch)
+    (tmp_path / "rank-1.json").write_text("{}")
+    handle.start_once_reporting(str(tmp_path), after_seconds=0, poll_seconds=0.05)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(started) == 1
+
+
+def test_a_start_before_the_delay_ends_the_wait_and_starts_nothing_more(tmp_path, monkeypatch):
+    """A failure starts the warm process at once (pod_entry): the watch then has nothing to do."""
+    handle, started = _recording_warm(monkeypatch)
+    (tmp_path / "rank-0.json").write_text("{}")
+    handle.start_once_reporting(str(tmp_path), after_seconds=0.5, poll_seconds=0.05)
+    handle.start()  # the failure's
+    time.sleep(1.0)
+    assert len(started) == 1
+
+
+def test_stopping_a_warm_process_still_importing_kills_it_at_once(tmp_path):
+    """It reads its lifeline only once it serves: waiting for it held the pod's exit (a give-up
+    or the kubelet's SIGTERM) up to 5 s while torch imported on a loaded machine."""
+    handle = warm_start.WarmStart({}, lambda line: None)
+    importing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    handle._proc, handle.socket_path = importing, str(tmp_path / "socket")  # no socket yet
+    started = time.monotonic()
+    handle.stop()
+    assert importing.poll() is not None and time.monotonic() - started < 3
+    assert importing.returncode == -signal.SIGKILL

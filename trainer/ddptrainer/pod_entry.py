@@ -531,12 +531,13 @@ def _warm_start(pod: PodArgs, env: Mapping[str, str], control: EntryControl,
                 restart: RestartSettings) -> Optional[WarmStart]:
     """The pod's warm process for the next attempts' workers (ddptrainer/warm_start.py), unless
     it is off or the launcher starts its processes itself (spawn); it starts once the first
-    attempt's workers report progress."""
+    attempt's workers have reported progress for ``restart.warm_start_after_seconds``, or at the
+    first failure, whichever comes first."""
     if not warm_start.enabled(env) or pod.launcher == contract.LAUNCHER_SPAWN:
         return None
     warm = WarmStart(env, _log)
     control.stop_workers = stopper(control, restart.grace_seconds, _log, spare=warm.pids)
-    warm.start_once_reporting(env.get(contract.DDPJOB_PROGRESS_DIR))
+    warm.start_once_reporting(env.get(contract.DDPJOB_PROGRESS_DIR), restart.warm_start_after_seconds)
     return warm
 
 

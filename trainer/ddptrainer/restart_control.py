@@ -50,6 +50,7 @@ class RestartSettings:
     wait_seconds: int = contract.DEFAULT_RESTART_WAIT_SECONDS
     grace_seconds: int = contract.DEFAULT_RESTART_GRACE_SECONDS
     permanent_codes: tuple[int, ...] = contract.DEFAULT_PERMANENT_EXIT_CODES
+    warm_start_after_seconds: int = contract.DEFAULT_WARM_START_AFTER_SECONDS
 
 
 def read_restart_settings(environ: Mapping[str, str], log: Log) -> Optional[RestartSettings]:
@@ -80,7 +81,9 @@ def read_restart_settings(environ: Mapping[str, str], log: Log) -> Optional[Rest
         grace_seconds=get(contract.DDPJOB_RESTART_GRACE_SECONDS,
                           contract.DEFAULT_RESTART_GRACE_SECONDS),
         permanent_codes=contract.parse_permanent_exit_codes(
-            environ.get(contract.DDPJOB_PERMANENT_EXIT_CODES)))
+            environ.get(contract.DDPJOB_PERMANENT_EXIT_CODES)),
+        warm_start_after_seconds=get(contract.DDPJOB_WARM_START_AFTER_SECONDS,
+                                     contract.DEFAULT_WARM_START_AFTER_SECONDS))
 
 
 class EntryControl:

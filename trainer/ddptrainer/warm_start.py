@@ -85,15 +85,25 @@ class WarmStart:
         proc = self._proc
         return (proc.pid,) if proc is not None and proc.poll() is None else ()
 
-    def start_once_reporting(self, progress_dir: Optional[str], poll_seconds: float = 1.0) -> None:
-        """Start the warm process once the first attempt's workers report progress (they have
-        imported torch and train: the import no longer competes with theirs), from a daemon
-        thread; ``start`` may come first (a failure before any report)."""
+    def start_once_reporting(self, progress_dir: Optional[str], after_seconds: float = 0.0,
+                             poll_seconds: float = 1.0) -> None:
+        """Start the warm process once the first attempt's workers have reported progress for
+        ``after_seconds`` (they have imported torch and train: the import no longer competes
+        with theirs), from a daemon thread; ``start`` may come first (a failure).
+
+        Why wait: the warm process costs an import (torch, torchvision: seconds of CPU) and an
+        idle interpreter's memory, and pays back only at a restart. A job that ends within a
+        minute (a smoke run, a probe, a test) never restarts in place; one that fails within it
+        mostly fails the same way again (the repeated-error rule ends it); and a failure starts
+        the warm process at once anyway, its import overlapping the peers' stop."""
         def watch() -> None:
             from .restart_control import progress_reported
 
+            reporting_since: Optional[float] = None
             while not self.started:
-                if progress_reported(progress_dir):
+                if reporting_since is None and progress_reported(progress_dir):
+                    reporting_since = time.monotonic()
+                if reporting_since is not None and time.monotonic() - reporting_since >= after_seconds:
                     self.start()
                     return
                 time.sleep(poll_seconds)
@@ -140,8 +150,13 @@ class WarmStart:
             proc, self._proc = self._proc, None
         if proc is not None:
             try:
-                if proc.stdin:
-                    proc.stdin.close()  # its lifeline: it exits
+                if not os.path.exists(self.socket_path):
+                    # Still importing: it has forked no worker and holds nothing, and it reads
+                    # its lifeline only once it serves (a loaded machine's import held the
+                    # pod's exit up to 5 s: seen in CI).
+                    proc.kill()
+                elif proc.stdin:
+                    proc.stdin.close()  # its lifeline: it kills its workers and exits
                 proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
