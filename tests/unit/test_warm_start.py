@@ -329,3 +329,17 @@ def test_stopping_a_warm_process_still_importing_kills_it_at_once(tmp_path):
     handle.stop()
     assert importing.poll() is not None and time.monotonic() - started < 3
     assert importing.returncode == -signal.SIGKILL
+
+
+def test_nothing_starts_the_warm_process_after_the_pod_s_attempts_are_over(tmp_path, monkeypatch):
+    """The watch outlives a short attempt: a stop (the pod ends) must keep its delay from
+    starting a warm process while the entry point exits."""
+    handle = warm_start.WarmStart({}, lambda line: None)
+    spawned = []
+    monkeypatch.setattr(warm_start.subprocess, "Popen", lambda *a, **k: spawned.append(a))
+    (tmp_path / "rank-0.json").write_text("{}")
+    handle.start_once_reporting(str(tmp_path), after_seconds=0.5, poll_seconds=0.05)
+    handle.stop()
+    time.sleep(1.0)
+    handle.start()
+    assert spawned == [] and not handle.started

@@ -75,6 +75,7 @@ class WarmStart:
         self.socket_path = ""
         self._proc: Optional[subprocess.Popen[bytes]] = None
         self._lock = threading.Lock()
+        self._stopped = False  # for good: the pod's attempts are over
 
     @property
     def started(self) -> bool:
@@ -100,7 +101,7 @@ class WarmStart:
             from .restart_control import progress_reported
 
             reporting_since: Optional[float] = None
-            while not self.started:
+            while not self.started and not self._stopped:
                 if reporting_since is None and progress_reported(progress_dir):
                     reporting_since = time.monotonic()
                 if reporting_since is not None and time.monotonic() - reporting_since >= after_seconds:
@@ -113,7 +114,7 @@ class WarmStart:
     def start(self) -> None:
         """Start the warm process (once; it imports in the background)."""
         with self._lock:
-            if self._proc is not None:
+            if self._proc is not None or self._stopped:
                 return
             try:
                 self._folder = tempfile.mkdtemp(prefix="ddpjob-warm-")  # 0700
@@ -146,8 +147,9 @@ class WarmStart:
         return [sys.executable, "-S", CLIENT, self.socket_path, "--", *worker_argv]
 
     def stop(self) -> None:
+        """End the warm process (and its workers); nothing starts it again after this."""
         with self._lock:
-            proc, self._proc = self._proc, None
+            proc, self._proc, self._stopped = self._proc, None, True
         if proc is not None:
             try:
                 if not os.path.exists(self.socket_path):
@@ -155,7 +157,7 @@ class WarmStart:
                     # its lifeline only once it serves (a loaded machine's import held the
                     # pod's exit up to 5 s: seen in CI).
                     proc.kill()
-                elif proc.stdin:
+                if proc.stdin:
                     proc.stdin.close()  # its lifeline: it kills its workers and exits
                 proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
