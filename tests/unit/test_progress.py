@@ -455,3 +455,61 @@ def test_a_job_that_succeeds_between_two_polls_shows_no_eta_on_the_server():
     assert done["phase"] == "Succeeded"
     assert "eta" not in done["progress"] and "etaSeconds" not in done["progress"], done["progress"]
     assert done["progress"]["summary"].startswith("29/32")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_client_that_hangs_up_before_its_answer_leaves_nothing_in_the_pods_log(tmp_path, monkeypatch, capsys):
+    """The operator's poll that timed out, a port probe, a hostile tenant's pod: a client that
+    resets the connection before it reads its answer. socketserver would print a whole
+    traceback per such client (one landed in the README's main job under CI load); the pod's
+    log stays clean and the server goes on serving."""
+    import threading
+    import time
+
+    real_answer = report.progress_answer
+    answering = threading.Event()
+
+    def slow_answer(*args):
+        answering.set()
+        time.sleep(0.3)  # the client is gone by the time the answer is written
+        return real_answer(*args)
+
+    monkeypatch.setattr(report, "progress_answer", slow_answer)
+    port = _free_port()
+    server = report.serve_progress(str(tmp_path), port, host="127.0.0.1")
+    try:
+        for _ in range(3):
+            answering.clear()
+            client = socket.create_connection(("127.0.0.1", port), timeout=5)
+            client.sendall(f"GET {contract.PROGRESS_PATH} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert answering.wait(5)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            client.close()  # with a zero linger: a reset, as a client killed mid-request
+        time.sleep(0.6)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{contract.PROGRESS_PATH}", timeout=5) as r:
+            assert "ranks" in json.load(r)
+    finally:
+        server.shutdown()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_bug_in_a_handler_is_one_line_naming_the_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    def broken(*_):
+        raise ValueError("no such attempt")
+
+    monkeypatch.setattr(report, "progress_answer", broken)
+    port = _free_port()
+    server = report.serve_progress(str(tmp_path), port, host="127.0.0.1")
+    try:
+        with pytest.raises(OSError):  # the server closes the connection without an answer
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{contract.PROGRESS_PATH}", timeout=5)
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip() == "ddptrain: progress server: ValueError: no such attempt (from 127.0.0.1)"

@@ -125,6 +125,22 @@ def progress_answer(directory: str, control: Optional["EntryControl"] = None) ->
     return {contract.PROGRESS_ATTEMPT_KEY: attempt, "ranks": reports}
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up (the operator's poll timed out, a probe only connected, a hostile
+    tenant's pod) costs the pod's log nothing: socketserver would print a whole traceback for
+    each, and anything that can reach the port could fill the log. Any other error of a handler
+    is a bug of ours: one line, with its type, never a traceback in the middle of training."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            return
+        print(f"ddptrain: progress server: {type(error).__name__}: {error} (from {client_address[0]})",
+              file=sys.stderr, flush=True)
+
+
 def serve_progress(directory: str, port: int, host: str = "0.0.0.0",
                    control: Optional["EntryControl"] = None) -> Optional[ThreadingHTTPServer]:
     """Serve ``GET /progress`` on ``port`` from a daemon thread; None if the port is taken.
@@ -180,9 +196,8 @@ def serve_progress(directory: str, port: int, host: str = "0.0.0.0",
             pass
 
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = _QuietServer((host, port), Handler)
     except OSError:
         return None
-    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True, name="ddpjob-progress").start()
     return server
