@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 from benchmarks.bench_results import RESULTS_DIR, machine_info, run_and_record, write_results  # noqa: F401
 from benchmarks.bench_stats import (
-    JobObs, PodObs, created_at, gang_times, job_obs, parse_audit, parse_metrics, pod_obs,
+    JobObs, PodObs, gang_times, job_obs, parse_audit, parse_metrics, pod_obs,
 )
 from tests.testbed.kube import Kubectl
 from tests.testbed.node_agent import NodeSpec
@@ -333,28 +333,21 @@ class Bed:
         except FileNotFoundError:
             return 0
 
-    def audit_records(self, offset: int, namespace: Optional[str] = None, settle: float = 1.0):
-        """The operator's completed requests logged after ``offset`` (in ``namespace`` only,
-        if given); ``settle`` seconds first, for the last requests to be written."""
+    def audit_records(self, offset: int, namespace: Optional[str] = None, settle: float = 1.0,
+                      username: Optional[str] = OPERATOR_USER):
+        """The requests ``username`` (the operator; every user's when None) completed, logged
+        after ``offset``, in ``namespace`` only if given; ``settle`` seconds first, for the
+        last requests to be written. None without an audit log."""
         time.sleep(settle)
         if not self.audit_log.exists():
             return None
         with open(self.audit_log, "rb") as handle:
             handle.seek(offset)
             lines = handle.read().decode(errors="replace").splitlines()
-        records = parse_audit(lines, OPERATOR_USER)
+        records = parse_audit(lines, username)
         if namespace is not None:
             records = [r for r in records if r.namespace == namespace]
         return records
-
-    def created_at(self, offset: int, namespace: str, resource: str, name: str) -> Optional[float]:
-        """When the API server received the create of ``resource`` ``namespace/name``, logged
-        after ``offset`` (bench_stats.created_at), or None without an audit log."""
-        if not self.audit_log.exists():
-            return None
-        with open(self.audit_log, "rb") as handle:
-            handle.seek(offset)
-            return created_at(handle.read().decode(errors="replace").splitlines(), resource, namespace, name)
 
     # -- namespaces, jobs ---------------------------------------------------------------------
     @contextlib.contextmanager

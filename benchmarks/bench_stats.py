@@ -259,6 +259,7 @@ class AuditRecord:
     code: int
     received: float  # requestReceivedTimestamp, epoch seconds
     completed: float  # stageTimestamp
+    username: str = ""  # who sent it
 
     @property
     def key(self) -> str:
@@ -269,10 +270,10 @@ def _epoch(text: str) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def parse_audit(lines: Iterable[str], username: str) -> list[AuditRecord]:
-    """The requests ``username`` completed, in log order. Long-running requests (watches) log
-    ResponseStarted and, when they end, ResponseComplete: only the latter is a record, so a
-    watch counts once, when it ends."""
+def parse_audit(lines: Iterable[str], username: Optional[str] = None) -> list[AuditRecord]:
+    """The requests ``username`` completed (every user's when None), in log order.
+    Long-running requests (watches) log ResponseStarted and, when they end, ResponseComplete:
+    only the latter is a record, so a watch counts once, when it ends."""
     records = []
     for line in lines:
         line = line.strip()
@@ -282,7 +283,8 @@ def parse_audit(lines: Iterable[str], username: str) -> list[AuditRecord]:
             event = json.loads(line)
         except ValueError:
             continue  # a line cut short by the reader racing the writer
-        if event.get("stage") != "ResponseComplete" or (event.get("user") or {}).get("username") != username:
+        sender = (event.get("user") or {}).get("username") or ""
+        if event.get("stage") != "ResponseComplete" or (username is not None and sender != username):
             continue
         ref = event.get("objectRef") or {}
         resource = ref.get("resource", "")
@@ -291,25 +293,19 @@ def parse_audit(lines: Iterable[str], username: str) -> list[AuditRecord]:
         records.append(AuditRecord(
             verb=event.get("verb", ""), resource=resource, namespace=ref.get("namespace", ""),
             name=ref.get("name", ""), code=int((event.get("responseStatus") or {}).get("code") or 0),
-            received=_epoch(event["requestReceivedTimestamp"]), completed=_epoch(event["stageTimestamp"])))
+            received=_epoch(event["requestReceivedTimestamp"]), completed=_epoch(event["stageTimestamp"]),
+            username=sender))
     return records
 
 
-def created_at(lines: Iterable[str], resource: str, namespace: str, name: str) -> Optional[float]:
+def created_at(records: Iterable[AuditRecord], resource: str, namespace: str, name: str) -> Optional[float]:
     """When the API server received the request that created ``resource`` ``namespace/name``
-    (whoever sent it), or None: the reference on the API server's own clock for figures taken
-    from its audit log (a watch stamps an object when it arrives, later on a loaded machine)."""
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        ref = event.get("objectRef") or {}
-        if (event.get("stage") == "ResponseComplete" and event.get("verb") == "create"
-                and ref.get("resource") == resource and not ref.get("subresource")
-                and ref.get("namespace") == namespace and ref.get("name") == name
-                and int((event.get("responseStatus") or {}).get("code") or 0) < 300):
-            return _epoch(event["requestReceivedTimestamp"])
+    (whoever sent it: parse_audit's records of every user), or None: the reference on the API
+    server's own clock for figures taken from its audit log (a watch stamps an object when it
+    arrives, later on a loaded machine)."""
+    for r in records:
+        if r.key == f"create {resource}" and r.namespace == namespace and r.name == name and r.code < 300:
+            return r.received
     return None
 
 

@@ -194,6 +194,7 @@ def test_parse_audit_keeps_the_users_completed_requests():
     ]
     records = bs.parse_audit(lines, USER)
     assert [r.key for r in records] == ["create pods", "patch ddpjobs/status"]
+    assert [r.username for r in bs.parse_audit(lines)] == [USER, "admin", USER]  # None: everyone's
     assert records[0].completed - records[0].received == pytest.approx(0.1, abs=1e-5)  # float epochs
     assert bs.count_requests(records + records[:1]) == {"create pods": 2, "patch ddpjobs/status": 1}
 
@@ -207,8 +208,10 @@ def test_created_at_is_the_api_servers_receipt_of_the_create_whoever_sent_it():
              audit_line("create", "ddpjobs", user="admin", stage="ResponseStarted"),
              audit_line("create", "ddpjobs", user="admin", name="x", start="2026-11-30T02:17:00Z"),
              audit_line("create", "ddpjobs", user="admin", name="x", subresource="status")]
-    assert bs.created_at(lines, "ddpjobs", "ns", "x") == bs._epoch("2026-11-30T02:17:00Z")
-    assert bs.created_at(lines, "ddpjobs", "other-ns", "x") is None
+    everyones = bs.parse_audit(lines)
+    assert bs.created_at(everyones, "ddpjobs", "ns", "x") == bs._epoch("2026-11-30T02:17:00Z")
+    assert bs.created_at(everyones, "ddpjobs", "other-ns", "x") is None
+    assert bs.created_at(bs.parse_audit(lines, USER), "ddpjobs", "ns", "x") is None  # only the admin created it
 
 
 # -- metrics, tables ------------------------------------------------------------------------
