@@ -16,14 +16,20 @@ COPY trainer /tmp/src/trainer
 # Pinned versions (ci/constraints.txt); the [operator] extra brings kopf and kubernetes only.
 RUN if ls /tmp/wheels/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheels; fi \
  && pip install -c /tmp/src/constraints.txt "/tmp/src[operator]" \
- && python3 -c "import kopf, kubernetes, ddpjob.controller.handlers" \
- && find /opt/venv -name __pycache__ -type d -prune -exec rm -rf {} +
+ && python3 -c "import kopf, kubernetes, ddpjob.controller.handlers"
 
 FROM ${BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH
 COPY --from=build /opt/venv /opt/venv
+# The bytecode pip wrote is kept (an operator restart, a failover, would compile kubernetes'
+# client from source otherwise): checked as trainer/Dockerfile does.
+RUN python3 -v -c "import kopf, kubernetes, ddpjob.controller.handlers" 2>/tmp/imports \
+ && if grep "^# code object from [^']*[.]py$" /tmp/imports | head -5 | grep .; then \
+        echo "no bytecode in the image for the modules above (and more)" >&2; exit 1; \
+    fi \
+ && rm /tmp/imports
 # Non-root, numeric, so runAsNonRoot can be verified by the kubelet.
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ddpjob
 USER 10001:10001
