@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make kind-down`: deletes the kind cluster, the network and the shared folder `make kind-up`
 # made, and stops the project's dockerd, leaving the machine as it was. Caches stay
-# (~/.cache/ddpjob: binaries, images in the dockerd data-root).
+# (~/.cache/ddpjob: binaries, images in the dockerd data-root, and the workers' containerd
+# stores, Docker volumes ddpjob-kind-containerd-*: see up.sh).
 set -euo pipefail
 LOG_TAG=kind/down
 source "$(dirname "$0")/lib.sh"

@@ -10,7 +10,7 @@
 #   4. the trainer and operator images (scripts/images.sh, cached) loaded into the workers;
 #   5. `kubectl apply --server-side -k manifests/`, then waits for the operator Deployment.
 # Prints the kubeconfig to use. Env: KIND_CLUSTER_NAME (ddpjob), DDPJOB_KIND_WORKERS (2),
-# DDPJOB_OFFLINE (1/0: force the offline/online path), KIND_NODE_IMAGE.
+# DDPJOB_OFFLINE (1/0: force the offline/online path), KIND_NODE_IMAGE, DDPJOB_KIND_KEEP_IMAGES (1/0).
 set -euo pipefail
 LOG_TAG=kind/up
 source "$(dirname "$0")/lib.sh"
@@ -42,6 +42,29 @@ fi
 export KIND
 command -v kubectl >/dev/null || die "kubectl is not on PATH"
 
+# Each worker's containerd store (/var/lib/containerd) outlives the cluster, in a Docker volume
+# of its own: a later kind-up finds the trainer image (5 GB) already there under the same ID and
+# "kind load" skips it, where loading it anew writes ~20 GB and took ~290 s on 2 cores. Docker
+# fills a new volume from the node image's own store (pause, CoreDNS, kube-proxy), and a new
+# node image gets new volumes. What the last cluster's pods left in the store, the kubelet
+# collects as containers of pods it does not know. DDPJOB_KIND_KEEP_IMAGES=0: fresh stores.
+# (Only for a node image of our own or named: kind's stock one is pulled by kind create.)
+KEEP_IMAGES="${DDPJOB_KIND_KEEP_IMAGES:-1}"
+[[ -n "$NODE_IMAGE" ]] || KEEP_IMAGES=0
+worker_image_store() {  # worker number -> the host path of its store's volume
+  local image_id volume prefix="ddpjob-kind-containerd-$CLUSTER-w$1-"
+  image_id="$(docker image inspect -f '{{.Id}}' "$NODE_IMAGE")" || return 1
+  volume="$prefix${image_id#sha256:}"; volume="${volume:0:${#prefix}+12}"
+  { docker volume ls -q | grep "^$prefix" | grep -vx "$volume" || true; } | xargs -r docker volume rm >/dev/null
+  if ! docker volume inspect "$volume" >/dev/null 2>&1; then
+    # Docker copies the image's files into an empty volume when a container first mounts it.
+    docker volume create "$volume" >/dev/null &&
+      docker run --rm -v "$volume:/var/lib/containerd" --entrypoint true "$NODE_IMAGE" >&2 ||
+      { docker volume rm -f "$volume" >/dev/null 2>&1; return 1; }
+  fi
+  docker volume inspect -f '{{.Mountpoint}}' "$volume"
+}
+
 if "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
   stage "kind cluster $CLUSTER exists"
 else
@@ -50,6 +73,10 @@ else
     # kind reuses a network named "kind"; its subnet must not clash with other bridges here.
     docker network create kind --subnet "$NETWORK_SUBNET" \
       -o com.docker.network.bridge.enable_ip_masquerade=false >/dev/null
+  fi
+  stores=()
+  if [[ $KEEP_IMAGES == 1 ]]; then
+    for n in $(seq 1 "$WORKERS"); do stores+=("$(worker_image_store "$n")") || die "worker $n's image store"; done
   fi
   config="$DDPJOB_CACHE/kind/$CLUSTER-config.yaml"
   {
@@ -97,6 +124,13 @@ YAML
       - hostPath: $SHARED_DIR
         containerPath: $SHARED_DIR
 YAML
+      if [[ $role == worker ]] && ((${#stores[@]})); then
+        cat <<YAML
+      - hostPath: ${stores[0]}
+        containerPath: /var/lib/containerd
+YAML
+        stores=("${stores[@]:1}")
+      fi
     done
   } > "$config"
   stage "kind create cluster $CLUSTER (1 control-plane, $WORKERS workers)"

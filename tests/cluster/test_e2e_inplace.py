@@ -4,6 +4,8 @@ the next attempt resumes from the checkpoint."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -48,13 +50,17 @@ def start_and_checkpoint(e2e, name: str, manifest: dict, shared_host_dir: str) -
 
 @pytest.mark.kubelet
 def test_a_killed_rank_restarts_the_gang_in_place_and_resumes(e2e, shared_host_dir):
-    """SIGKILL of node 1's worker: the same two pods run attempt 1, which resumes from the
-    checkpoint at the exact step; one restart, recorded as InPlace."""
+    """Restart orders without the pod's token are refused first and change nothing (the one
+    restart below is the kill's). Then SIGKILL of node 1's worker: the same two pods run
+    attempt 1, which resumes from the checkpoint at the exact step; one restart, recorded as
+    InPlace."""
     name = "in-place"
     with PodRecorder(e2e, name) as pods:
         before = start_and_checkpoint(e2e, name, checkpointed_job(e2e, name, shared_host_dir,
                                                                   failurePolicy={"maxRestarts": 2}),
                                       shared_host_dir)
+        assert_forged_restart_orders_are_refused(e2e, name)
+        assert e2e.status(name).get("restarts", 0) == 0 and uids(e2e, name) == before
         e2e.cluster.wait_for(lambda: kill_training_worker(e2e, name, node_rank=1), 30,
                              "node 1's training process to kill", interval=0.1)
         status = e2e.wait_until_finished(name, TRAINING_TIMEOUT)
@@ -115,11 +121,9 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.kubelet
-def test_a_restart_order_without_the_pods_token_is_refused(e2e, shared_host_dir):
-    name = "in-place-forged"
-    before = start_and_checkpoint(e2e, name, checkpointed_job(e2e, name, shared_host_dir),
-                                  shared_host_dir)
+def assert_forged_restart_orders_are_refused(e2e, name: str) -> None:
+    """Forged orders to node 1 (a job that has trained to its first checkpoint), sent from
+    node 0's pod: each is refused with 401."""
     pod = e2e.pod(f"{name}-node-1")
     target = pod["status"]["podIP"]
     # What every reader of the namespace sees of the pod: never the token (issue 35).
@@ -132,8 +136,6 @@ def test_a_restart_order_without_the_pods_token_is_refused(e2e, shared_host_dir)
                                check=False).returncode == 0
     argv = ["python", "-c", FORGED_ORDER, target, str(contract.DEFAULT_PROGRESS_PORT), digest, nonce]
     if e2e.local:
-        import subprocess
-        import sys
         result = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=30)
     else:
         result = e2e.cluster.kubectl("exec", "-n", e2e.namespace, f"{name}-node-0", "-c",
@@ -141,9 +143,6 @@ def test_a_restart_order_without_the_pods_token_is_refused(e2e, shared_host_dir)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"none": 401, "wrong": 401, "digest": 401,
                                                                   "nonce": 401}
-    status = e2e.wait_until_finished(name, TRAINING_TIMEOUT)
-    assert status["phase"] == "Succeeded" and status["restarts"] == 0, status
-    assert uids(e2e, name) == before
 
 
 def test_a_second_failure_before_the_in_place_attempt_trains_recreates_the_gang(e2e, shared_host_dir):
