@@ -45,8 +45,8 @@ command -v kubectl >/dev/null || die "kubectl is not on PATH"
 # Each worker's containerd store (/var/lib/containerd) outlives the cluster, in a Docker volume
 # of its own: a later kind-up finds the trainer image (5 GB) already there under the same ID and
 # "kind load" skips it, where loading it anew writes ~20 GB and took ~290 s on 2 cores. Docker
-# fills a new volume from the node image's own store (pause, CoreDNS, kube-proxy), and a new
-# node image gets new volumes. What the last cluster's pods left in the store, the kubelet
+# fills a new volume from the node image's own /var/lib/containerd (the node imports pause,
+# CoreDNS and kube-proxy at boot either way), and a new node image gets new volumes. What the last cluster's pods left in the store, the kubelet
 # collects as containers of pods it does not know. DDPJOB_KIND_KEEP_IMAGES=0: fresh stores.
 # (Only for a node image of our own or named: kind's stock one is pulled by kind create.)
 KEEP_IMAGES="${DDPJOB_KIND_KEEP_IMAGES:-1}"
