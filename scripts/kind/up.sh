@@ -51,10 +51,9 @@ command -v kubectl >/dev/null || die "kubectl is not on PATH"
 # (Only for a node image of our own or named: kind's stock one is pulled by kind create.)
 KEEP_IMAGES="${DDPJOB_KIND_KEEP_IMAGES:-1}"
 [[ -n "$NODE_IMAGE" ]] || KEEP_IMAGES=0
-worker_image_store() {  # worker number -> the host path of its store's volume
-  local image_id volume prefix="ddpjob-kind-containerd-$CLUSTER-w$1-"
-  image_id="$(docker image inspect -f '{{.Id}}' "$NODE_IMAGE")" || return 1
-  volume="$prefix${image_id#sha256:}"; volume="${volume:0:${#prefix}+12}"
+worker_image_store() {  # worker number, node image ID -> the host path of its store's volume
+  local volume prefix="ddpjob-kind-containerd-$CLUSTER-w$1-"
+  volume="$prefix${2#sha256:}"; volume="${volume:0:${#prefix}+12}"
   { docker volume ls -q | grep "^$prefix" | grep -vx "$volume" || true; } | xargs -r docker volume rm >/dev/null
   if ! docker volume inspect "$volume" >/dev/null 2>&1; then
     # Docker copies the image's files into an empty volume when a container first mounts it.
@@ -76,7 +75,10 @@ else
   fi
   stores=()
   if [[ $KEEP_IMAGES == 1 ]]; then
-    for n in $(seq 1 "$WORKERS"); do stores+=("$(worker_image_store "$n")") || die "worker $n's image store"; done
+    node_image_id="$(docker image inspect -f '{{.Id}}' "$NODE_IMAGE")"
+    for n in $(seq 1 "$WORKERS"); do
+      stores+=("$(worker_image_store "$n" "$node_image_id")") || die "worker $n's image store"
+    done
   fi
   config="$DDPJOB_CACHE/kind/$CLUSTER-config.yaml"
   {
